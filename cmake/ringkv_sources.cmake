@@ -1,0 +1,10 @@
+# One named module per file (modules/), implementation units and Highway kernels (src/).
+set(RINGKV_MODULES
+  modules/ringkv.cppm
+  modules/trace.cppm
+  modules/tensor.cppm
+)
+set(RINGKV_SOURCES
+  src/trace.cpp
+  src/tensor.cpp
+)

@@ -1,0 +1,4 @@
+// ringkv — the umbrella module: `import ringkv;` brings every part of the library.
+export module ringkv;
+export import ringkv.trace;
+export import ringkv.tensor;

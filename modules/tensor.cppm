@@ -1,0 +1,168 @@
+// ringkv.tensor — element types, traced owning storage, strided rank-3 views, and a bump arena.
+module;
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+export module ringkv.tensor;
+export import ringkv.trace;
+
+export namespace ringkv {
+
+/// Element type of a tensor. f16 and bf16 are stored as their 16-bit patterns.
+enum class dtype : std::uint8_t { f32, f16, bf16 };
+
+/// Bytes per element of `t`; O(1).
+constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
+/// The dtype's name ("f32", "f16", "bf16"); O(1).
+constexpr std::string_view name_of(dtype t) noexcept {
+  return t == dtype::f32 ? "f32" : t == dtype::f16 ? "f16" : "bf16";
+}
+
+/// Move-only owning buffer, 64-byte aligned and zero-filled, that reports its life to a sink.
+class storage {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  storage() noexcept = default;
+  /// Allocates `bytes` (> 0) and emits allocation{site, bytes}; O(bytes) to zero-fill.
+  /// `site` must outlive the sink's use of it (a string literal).
+  storage(std::size_t bytes, std::string_view site, trace::sink& sink = trace::null_sink());
+  storage(storage&& other) noexcept { swap(other); }
+  storage& operator=(storage&& other) noexcept {
+    storage(std::move(other)).swap(*this);
+    return *this;
+  }
+  storage(const storage&) = delete;
+  storage& operator=(const storage&) = delete;
+  /// Frees the buffer and emits release{site, bytes}.
+  ~storage();
+
+  std::byte* data() noexcept { return data_; }
+  const std::byte* data() const noexcept { return data_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  bool empty() const noexcept { return data_ == nullptr; }
+  /// The buffer as elements of T (bytes / sizeof(T) of them); O(1).
+  template <class T>
+  std::span<T> as() noexcept { return {reinterpret_cast<T*>(data_), bytes_ / sizeof(T)}; }
+  template <class T>
+  std::span<const T> as() const noexcept {
+    return {reinterpret_cast<const T*>(data_), bytes_ / sizeof(T)};
+  }
+  /// Whether `p` points into this buffer; O(1).
+  bool contains(const void* p) const noexcept {
+    auto b = static_cast<const std::byte*>(p);
+    return data_ != nullptr && b >= data_ && b < data_ + bytes_;
+  }
+
+ private:
+  void swap(storage& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(site_, o.site_);
+    std::swap(sink_, o.sink_);
+  }
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::string_view site_;
+  trace::sink* sink_ = nullptr;
+};
+
+/// Non-owning view [heads, positions, head_dim] with strides in elements; innermost stride 1,
+/// so every row (one head, one position) is contiguous for SIMD.
+class tensor_view {
+ public:
+  tensor_view() noexcept = default;
+  /// Checks the shape (heads, head_dim > 0; strides that keep rows apart) and throws
+  /// std::invalid_argument naming the argument otherwise; O(1).
+  tensor_view(std::byte* data, dtype type, std::size_t heads, std::size_t positions,
+              std::size_t head_dim, std::size_t head_stride, std::size_t position_stride);
+  /// A densely packed view (position stride head_dim, head stride positions * head_dim); O(1).
+  static tensor_view contiguous(std::byte* data, dtype type, std::size_t heads,
+                                std::size_t positions, std::size_t head_dim) {
+    return {data, type, heads, positions, head_dim, positions * head_dim, head_dim};
+  }
+
+  std::byte* data() const noexcept { return data_; }
+  dtype type() const noexcept { return type_; }
+  std::size_t heads() const noexcept { return heads_; }
+  std::size_t positions() const noexcept { return positions_; }
+  std::size_t head_dim() const noexcept { return head_dim_; }
+  std::size_t head_stride() const noexcept { return head_stride_; }
+  std::size_t position_stride() const noexcept { return position_stride_; }
+  std::size_t element_bytes() const noexcept { return size_of(type_); }
+  /// Bytes of the elements the view covers (not counting gaps between rows); O(1).
+  std::size_t bytes() const noexcept { return heads_ * positions_ * head_dim_ * size_of(type_); }
+
+  /// Start of row (head h, position p) as raw bytes; bounds-checked in debug builds; O(1).
+  std::byte* row_bytes(std::size_t h, std::size_t p) const {
+#ifndef NDEBUG
+    check_row(h, p);
+#endif
+    return data_ + (h * head_stride_ + p * position_stride_) * size_of(type_);
+  }
+  /// Row (h, p) as elements of T (sizeof(T) must match the dtype; checked in debug); O(1).
+  template <class T>
+  std::span<T> row(std::size_t h, std::size_t p) const {
+#ifndef NDEBUG
+    if (sizeof(T) != size_of(type_))
+      throw std::invalid_argument("ringkv::tensor_view::row: element type size does not match dtype " +
+                                  std::string(name_of(type_)));
+#endif
+    return {reinterpret_cast<T*>(row_bytes(h, p)), head_dim_};
+  }
+  /// Positions [from, from + count) of every head, as a view over the same memory; O(1).
+  tensor_view slice(std::size_t from, std::size_t count) const;
+
+ private:
+  void check_row(std::size_t h, std::size_t p) const;
+
+  std::byte* data_ = nullptr;
+  dtype type_ = dtype::f32;
+  std::size_t heads_ = 0, positions_ = 0, head_dim_ = 0;
+  std::size_t head_stride_ = 0, position_stride_ = 0;
+};
+
+/// A bump arena over one slab for per-forward temporaries (gather targets, partial states).
+/// Allocation is a pointer bump; growing past the slab takes another slab (traced), and the next
+/// reset() replaces all slabs by one large enough for the high-water mark, so a steady workload
+/// stops allocating after its first round.
+class scope {
+ public:
+  /// Allocates the slab (`slab_bytes` > 0) once, traced as allocation{"scope-slab"}.
+  explicit scope(std::size_t slab_bytes, trace::sink& sink = trace::null_sink());
+
+  /// `bytes` (> 0) of 64-byte aligned, uninitialised memory valid until reset(); O(1) unless it
+  /// must grow (then one traced allocation).
+  std::span<std::byte> allocate_bytes(std::size_t bytes);
+  /// `count` elements of `type`; as allocate_bytes.
+  std::span<std::byte> allocate(std::size_t count, dtype type) {
+    return allocate_bytes(count * size_of(type));
+  }
+  /// A contiguous [heads, positions, head_dim] view of `type` in the arena; as allocate_bytes.
+  tensor_view allocate_view(dtype type, std::size_t heads, std::size_t positions,
+                            std::size_t head_dim);
+  /// Frees everything at once and emits scope_reset{live_before, 0}; O(1) unless it consolidates
+  /// grown slabs into one (traced).
+  void reset();
+
+  /// Bytes handed out since the last reset (with alignment padding).
+  std::size_t live() const noexcept { return live_; }
+  /// Bytes the arena can hand out without growing.
+  std::size_t capacity() const noexcept;
+
+ private:
+  static constexpr std::size_t max_slabs = 16;  // geometric growth: slab k is >= 2^k times the first
+  std::array<storage, max_slabs> slabs_;
+  std::size_t current_ = 0;  // slab being bumped
+  std::size_t offset_ = 0;   // bump offset inside slabs_[current_]
+  std::size_t live_ = 0;
+  std::size_t high_water_ = 0;
+  trace::sink* sink_;
+};
+
+}  // namespace ringkv

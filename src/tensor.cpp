@@ -1,0 +1,126 @@
+module;
+#include <cstddef>
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+module ringkv.tensor;
+
+namespace ringkv {
+namespace {
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::invalid_argument("ringkv::" + what);
+}
+}  // namespace
+
+storage::storage(std::size_t bytes, std::string_view site, trace::sink& sink)
+    : site_(site), sink_(&sink) {
+  if (bytes == 0) refuse("storage: bytes must be > 0");
+  data_ = static_cast<std::byte*>(::operator new(bytes, std::align_val_t{alignment}));
+  bytes_ = bytes;
+  std::memset(data_, 0, bytes);
+  if (sink.enabled()) sink.emit(trace::allocation{site_, bytes_});
+}
+
+storage::~storage() {
+  if (data_ == nullptr) return;
+  if (sink_->enabled()) sink_->emit(trace::release{site_, bytes_});
+  ::operator delete(data_, std::align_val_t{alignment});
+}
+
+tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::size_t positions,
+                         std::size_t head_dim, std::size_t head_stride,
+                         std::size_t position_stride)
+    : data_(data), type_(type), heads_(heads), positions_(positions), head_dim_(head_dim),
+      head_stride_(head_stride), position_stride_(position_stride) {
+  if (heads == 0) refuse("tensor_view: heads must be > 0");
+  if (head_dim == 0) refuse("tensor_view: head_dim must be > 0");
+  if (positions > 1 && position_stride < head_dim)
+    refuse("tensor_view: position_stride " + std::to_string(position_stride) +
+           " is smaller than head_dim " + std::to_string(head_dim) + " (rows would overlap)");
+  if (heads > 1 && positions > 0 && head_stride < (positions - 1) * position_stride + head_dim)
+    refuse("tensor_view: head_stride " + std::to_string(head_stride) +
+           " is smaller than one head's extent (heads would overlap)");
+  if (data == nullptr && positions > 0) refuse("tensor_view: data is null for a non-empty view");
+}
+
+void tensor_view::check_row(std::size_t h, std::size_t p) const {
+  if (h >= heads_ || p >= positions_)
+    throw std::out_of_range("ringkv::tensor_view: row (head " + std::to_string(h) + ", position " +
+                            std::to_string(p) + ") outside [" + std::to_string(heads_) + ", " +
+                            std::to_string(positions_) + ")");
+}
+
+tensor_view tensor_view::slice(std::size_t from, std::size_t count) const {
+  if (from > positions_ || count > positions_ - from)
+    throw std::out_of_range("ringkv::tensor_view::slice: [" + std::to_string(from) + ", " +
+                            std::to_string(from + count) + ") outside " +
+                            std::to_string(positions_) + " positions");
+  tensor_view v = *this;
+  v.data_ = data_ + from * position_stride_ * size_of(type_);
+  v.positions_ = count;
+  return v;
+}
+
+scope::scope(std::size_t slab_bytes, trace::sink& sink) : sink_(&sink) {
+  if (slab_bytes == 0) refuse("scope: slab_bytes must be > 0");
+  slabs_[0] = storage(round_up(slab_bytes, storage::alignment), "scope-slab", sink);
+}
+
+std::size_t scope::capacity() const noexcept {
+  std::size_t total = 0;
+  for (const auto& s : slabs_) total += s.bytes();
+  return total;
+}
+
+std::span<std::byte> scope::allocate_bytes(std::size_t bytes) {
+  if (bytes == 0) refuse("scope::allocate: bytes must be > 0");
+  const std::size_t need = round_up(bytes, storage::alignment);
+  if (offset_ + need > slabs_[current_].bytes()) {
+    std::size_t next = current_ + 1;
+    while (next < max_slabs && !slabs_[next].empty() && slabs_[next].bytes() < need) ++next;
+    if (next == max_slabs)
+      throw std::length_error("ringkv::scope::allocate: more than " + std::to_string(max_slabs) +
+                              " slabs; reset() the scope between forwards");
+    if (slabs_[next].empty())
+      slabs_[next] = storage(std::max(need, 2 * capacity()), "scope-slab", *sink_);
+    current_ = next;
+    offset_ = 0;
+  }
+  std::byte* p = slabs_[current_].data() + offset_;
+  offset_ += need;
+  live_ += need;
+  high_water_ = std::max(high_water_, live_);
+  return {p, bytes};
+}
+
+tensor_view scope::allocate_view(dtype type, std::size_t heads, std::size_t positions,
+                                 std::size_t head_dim) {
+  if (heads == 0 || positions == 0 || head_dim == 0)
+    refuse("scope::allocate_view: heads, positions and head_dim must be > 0 (got " +
+           std::to_string(heads) + ", " + std::to_string(positions) + ", " +
+           std::to_string(head_dim) + ")");
+  auto bytes = allocate(heads * positions * head_dim, type);
+  return tensor_view::contiguous(bytes.data(), type, heads, positions, head_dim);
+}
+
+void scope::reset() {
+  const std::size_t before = live_;
+  if (!slabs_[1].empty()) {
+    // Grown: replace all slabs by one that holds the high-water mark, so the next round of the
+    // same work fits without growing.
+    for (auto& s : slabs_) s = storage();
+    slabs_[0] = storage(round_up(high_water_, storage::alignment), "scope-slab", *sink_);
+  }
+  current_ = 0;
+  offset_ = 0;
+  live_ = 0;
+  if (sink_->enabled()) sink_->emit(trace::scope_reset{before, 0});
+}
+
+}  // namespace ringkv
