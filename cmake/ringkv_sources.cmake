@@ -3,8 +3,10 @@ set(RINGKV_MODULES
   modules/ringkv.cppm
   modules/trace.cppm
   modules/tensor.cppm
+  modules/window.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
   src/tensor.cpp
+  src/window.cpp
 )

@@ -2,3 +2,4 @@
 export module ringkv;
 export import ringkv.trace;
 export import ringkv.tensor;
+export import ringkv.window;
