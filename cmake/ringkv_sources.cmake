@@ -4,6 +4,7 @@ set(RINGKV_MODULES
   modules/trace.cppm
   modules/tensor.cppm
   modules/window.cppm
+  modules/generator.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp

@@ -3,3 +3,4 @@ export module ringkv;
 export import ringkv.trace;
 export import ringkv.tensor;
 export import ringkv.window;
+export import ringkv.generator;

@@ -1,0 +1,126 @@
+// ringkv.generator — a coroutine generator that is an input range for std::ranges and range-v3.
+//
+// Written by hand because the toolchain lacks std::generator (not in libstdc++ 12 nor libc++ 19)
+// and range-v3 0.12's generator does not work with standard C++20 coroutines. Where the standard
+// library has std::generator (__cpp_lib_generator), ringkv::generator is still this class, so the
+// behaviour (references to the yielded value, exceptions out of begin()/++) stays the same
+// everywhere. Kept small on purpose: one element type, no recursive yield, no allocator.
+module;
+#include <coroutine>
+#include <cstddef>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+#include <range/v3/range/concepts.hpp>
+#include <range/v3/view/interface.hpp>
+export module ringkv.generator;
+
+export namespace ringkv {
+
+/// A lazily evaluated sequence of T produced by a coroutine; single pass. Copies share the one
+/// coroutine (reference counted in its frame, no allocation), which makes a generator
+/// semiregular — range-v3 0.12 requires that of a view, so `gen() | ranges::views::take(n)` works
+/// on a temporary.
+template <class T>
+class generator : public std::ranges::view_base {
+ public:
+  using value_type = std::remove_cvref_t<T>;
+  using reference = const value_type&;
+
+  class promise_type {
+   public:
+    generator get_return_object() noexcept {
+      return generator(std::coroutine_handle<promise_type>::from_promise(*this));
+    }
+    std::suspend_always initial_suspend() const noexcept { return {}; }
+    std::suspend_always final_suspend() const noexcept { return {}; }
+    // The yielded object lives in the coroutine frame until it resumes, so a pointer suffices.
+    std::suspend_always yield_value(const value_type& v) noexcept {
+      current_ = std::addressof(v);
+      return {};
+    }
+    void return_void() const noexcept {}
+    void unhandled_exception() noexcept { error_ = std::current_exception(); }
+    template <class U>
+    void await_transform(U&&) = delete;  // a generator only yields
+
+    const value_type* current_ = nullptr;
+    std::exception_ptr error_;
+    std::size_t owners_ = 1;
+    bool started_ = false;
+  };
+
+  /// Iterator over the yielded values; copyable (copies share the one coroutine).
+  class iterator {
+   public:
+    using value_type = generator::value_type;
+    using reference = generator::reference;
+    using difference_type = std::ptrdiff_t;
+    using iterator_concept = std::input_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // range-v3 adaptors read this one
+
+    iterator() noexcept = default;
+    /// The current value, valid until the next increment; O(1).
+    reference operator*() const noexcept { return *coro_.promise().current_; }
+    const value_type* operator->() const noexcept { return coro_.promise().current_; }
+    /// Resumes the coroutine to the next yield; rethrows what the body threw.
+    iterator& operator++() {
+      advance(coro_);
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept {
+      return !it.coro_ || it.coro_.done();
+    }
+
+   private:
+    friend generator;
+    explicit iterator(std::coroutine_handle<promise_type> c) noexcept : coro_(c) {}
+    std::coroutine_handle<promise_type> coro_;
+  };
+
+  generator() noexcept = default;
+  generator(generator&& o) noexcept : coro_(std::exchange(o.coro_, {})) {}
+  generator(const generator& o) noexcept : coro_(o.coro_) {
+    if (coro_) ++coro_.promise().owners_;
+  }
+  generator& operator=(generator o) noexcept {
+    std::swap(coro_, o.coro_);
+    return *this;
+  }
+  /// Destroys the coroutine frame with its last owner, also when the consumer stopped early.
+  ~generator() {
+    if (coro_ && --coro_.promise().owners_ == 0) coro_.destroy();
+  }
+
+  /// Runs the body to its first yield (once; a generator is single pass) and rethrows what it threw.
+  iterator begin() {
+    if (coro_ && !coro_.promise().started_) {
+      coro_.promise().started_ = true;
+      advance(coro_);
+    }
+    return iterator(coro_);
+  }
+  std::default_sentinel_t end() const noexcept { return {}; }
+
+ private:
+  explicit generator(std::coroutine_handle<promise_type> c) noexcept : coro_(c) {}
+  static void advance(std::coroutine_handle<promise_type> c) {
+    c.promise().current_ = nullptr;
+    c.resume();
+    if (c.promise().error_) std::rethrow_exception(std::exchange(c.promise().error_, {}));
+  }
+
+  std::coroutine_handle<promise_type> coro_;
+};
+
+}  // namespace ringkv
+
+// range-v3 treats a type as a view when it opts in; a generator is cheap to move and single pass.
+namespace ranges {
+template <class T>
+inline constexpr bool enable_view<ringkv::generator<T>> = true;
+}  // namespace ranges
