@@ -5,9 +5,12 @@ set(RINGKV_MODULES
   modules/tensor.cppm
   modules/window.cppm
   modules/generator.cppm
+  modules/store.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
   src/tensor.cpp
   src/window.cpp
+  src/store.cpp
+  src/store_default.cpp
 )

@@ -4,3 +4,4 @@ export import ringkv.trace;
 export import ringkv.tensor;
 export import ringkv.window;
 export import ringkv.generator;
+export import ringkv.store;
