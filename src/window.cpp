@@ -21,9 +21,7 @@ windowed_kv::windowed_kv(tensor_view head, std::optional<tensor_view> tail,
 }
 
 windowed_kv::windowed_kv(std::span<const kv_run> runs) {
-  if (runs.size() > max_runs)
-    throw std::invalid_argument("ringkv::windowed_kv: " + std::to_string(runs.size()) +
-                                " runs, at most " + std::to_string(max_runs));
+  // Empty runs are dropped, so only add() can tell whether there are too many.
   for (const kv_run& r : runs) add(r.view, r.first_position);
 }
 

@@ -1,0 +1,391 @@
+#define BOOST_TEST_MODULE model
+#include <boost/test/unit_test.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <optional>
+#include <random>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+#include <range/v3/range/access.hpp>
+#include <range/v3/range/operations.hpp>
+
+import ringkv;
+
+#include "store_support.hpp"
+
+namespace trace = ringkv::trace;
+using ringkv::kv_cache_config;
+using ringkv::kv_side;
+using ringkv::store_options;
+using store_test::positions_of;
+
+namespace {
+
+/// The reference: every held position is a row kept by value, the pinned ones in a vector and
+/// the rolling ones in a std::deque that drops its front when the ring is full. It implements
+/// only the core of kv_cache_store, so its windows are the interface's defaulted copies.
+class deque_store final : public ringkv::kv_cache_store {
+ public:
+  struct row {
+    std::size_t position;
+    std::vector<float> key, value;
+  };
+
+  deque_store(kv_cache_config c, store_options o, trace::sink& sink)
+      : kv_cache_store(sink), c_(c), o_(o), layers_(c.layers) {}
+
+  std::size_t append(std::size_t l, std::span<const float> k, std::span<const float> v) override {
+    layer_rows& L = at(l);
+    if (k.size() != c_.row_floats() || v.size() != c_.row_floats())
+      throw std::invalid_argument("deque_store: row size");
+    if (!o_.sliding_window && L.length == c_.capacity) throw ringkv::cache_full("deque_store: full");
+    row r{L.length, {k.begin(), k.end()}, {v.begin(), v.end()}};
+    if (r.position < o_.keep) {
+      L.pinned.push_back(std::move(r));
+    } else {
+      L.rolling.push_back(std::move(r));
+      if (L.rolling.size() > c_.capacity - o_.keep) {
+        L.rolling.pop_front();
+        L.overwritten = true;
+      }
+    }
+    return L.length++;
+  }
+  std::size_t length(std::size_t l) const override { return at(l).length; }
+  std::size_t window_start(std::size_t l) const override {
+    const layer_rows& L = at(l);
+    if (!L.overwritten) return 0;
+    return L.rolling.empty() ? L.length : L.rolling.front().position;
+  }
+  kv_cache_config config() const override { return c_; }
+  store_options options() const override { return o_; }
+  void read_keys(std::size_t l, std::size_t from, std::size_t to,
+                 std::span<float> out) const override {
+    read(kv_side::keys, l, from, to, out);
+  }
+  void read_values(std::size_t l, std::size_t from, std::size_t to,
+                   std::span<float> out) const override {
+    read(kv_side::values, l, from, to, out);
+  }
+  void truncate(std::size_t l, std::size_t n) override {
+    layer_rows& L = at(l);
+    if (n > L.length) throw std::out_of_range("deque_store: truncate past length");
+    // The next token (position n) attends the sinks and the W - keep newest positions up to n.
+    const std::size_t w = o_.sliding_window ? c_.capacity - o_.slack : c_.capacity;
+    const std::size_t lo = n + 1 > w ? n + 1 - (w - o_.keep) : 0;
+    for (std::size_t p = std::max(lo, o_.keep); p < n; ++p)
+      if (find(l, p) == nullptr) throw std::out_of_range("deque_store: window lost");
+    if (L.pinned.size() > n) L.pinned.resize(n);
+    while (!L.rolling.empty() && L.rolling.back().position >= n) L.rolling.pop_back();
+    if (n <= o_.keep) L.overwritten = false;
+    L.length = n;
+  }
+  void clear() override {
+    for (std::size_t l = 0; l < c_.layers; ++l) clear(l);
+  }
+  void clear(std::size_t l) override { at(l) = layer_rows{}; }
+  ringkv::memory_report memory() const override { return {}; }
+
+  /// The row of position p of layer l, or nullptr when it is not held.
+  const row* find(std::size_t l, std::size_t p) const {
+    const layer_rows& L = at(l);
+    if (p < L.pinned.size()) return &L.pinned[p];
+    if (L.rolling.empty() || p < L.rolling.front().position) return nullptr;
+    const std::size_t i = p - L.rolling.front().position;
+    return i < L.rolling.size() ? &L.rolling[i] : nullptr;
+  }
+
+ private:
+  struct layer_rows {
+    std::vector<row> pinned;
+    std::deque<row> rolling;
+    std::size_t length = 0;
+    bool overwritten = false;
+  };
+  layer_rows& at(std::size_t l) {
+    if (l >= c_.layers) throw std::out_of_range("deque_store: layer");
+    return layers_[l];
+  }
+  const layer_rows& at(std::size_t l) const { return const_cast<deque_store*>(this)->at(l); }
+  void read(kv_side side, std::size_t l, std::size_t from, std::size_t to,
+            std::span<float> out) const {
+    if (from > to || to > at(l).length) throw std::out_of_range("deque_store: range");
+    for (std::size_t p = from; p < to; ++p)
+      if (find(l, p) == nullptr) throw std::out_of_range("deque_store: not held");
+    if (out.size() != c_.row_floats() * (to - from)) throw std::invalid_argument("deque_store: out");
+    const std::size_t d = c_.head_dim, n = to - from;
+    for (std::size_t p = from; p < to; ++p) {
+      const row& r = *find(l, p);
+      for (std::size_t h = 0; h < c_.kv_heads; ++h)
+        for (std::size_t i = 0; i < d; ++i)
+          out[(h * n + p - from) * d + i] = (side == kv_side::keys ? r.key : r.value)[h * d + i];
+    }
+  }
+
+  kv_cache_config c_;
+  store_options o_;
+  std::vector<layer_rows> layers_;
+};
+
+/// How often each kind of operation succeeded and was refused, so the check cannot silently
+/// degenerate into only the easy cases.
+struct tally {
+  std::size_t windows[2]{}, reads[2]{}, truncates[2]{}, full_appends = 0;
+};
+
+struct shape {
+  std::size_t capacity, keep, slack;
+  bool ring;
+};
+std::ostream& operator<<(std::ostream& os, const shape& s) {
+  return os << "capacity " << s.capacity << " keep " << s.keep << " slack " << s.slack
+            << (s.ring ? " ring" : " dense");
+}
+
+/// Runs random operations on a default store and the reference side by side, checking that
+/// contents, windows and refusals agree after every step. Returns the number of steps.
+class model_check {
+ public:
+  model_check(shape sh, std::uint32_t seed, tally& t)
+      : sh_(sh), tally_(t),
+        cfg_{.layers = 2, .kv_heads = 2, .head_dim = 3, .capacity = sh.capacity},
+        opt_{.sliding_window = sh.ring, .keep = sh.keep, .slack = sh.slack},
+        store_(cfg_, opt_, store_trace_), model_(cfg_, opt_, model_trace_), rng_(seed),
+        key_(cfg_.row_floats()), value_(cfg_.row_floats()), arena_(4096) {
+    store_trace_.clear();  // forget the construction's allocations
+  }
+
+  void run(std::size_t steps) {
+    for (std::size_t i = 0; i < steps; ++i) {
+      const std::size_t l = pick(0, cfg_.layers - 1);
+      const std::size_t op = pick(0, 99);
+      if (op < 45) append(l);
+      else if (op < 65) window(l);
+      else if (op < 78) read(l);
+      else if (op < 92) truncate(l);
+      else if (op < 96) bad_append(l);
+      else if (op < 99) both([&](auto& s) { s.clear(l); });
+      else both([](auto& s) { s.clear(); });
+      compare_positions();
+      arena_.reset();
+    }
+    BOOST_REQUIRE((store_test::snap(store_) == store_test::snap(model_)));
+    BOOST_REQUIRE(store_trace_.emitted() == 0u);  // the default store never copied
+  }
+
+ private:
+  std::size_t pick(std::size_t lo, std::size_t hi) {
+    return std::uniform_int_distribution<std::size_t>(lo, hi)(rng_);
+  }
+  // Runs f on both stores; they must both succeed or both refuse with the same exception type.
+  template <class F>
+  int both(F f) {
+    const int a = outcome(f, store_), b = outcome(f, model_);
+    BOOST_REQUIRE_MESSAGE(a == b, sh_ << ": default store outcome " << a << ", reference " << b);
+    return a;
+  }
+  template <class F, class S>
+  static int outcome(F&& f, S& s) {
+    try {
+      f(s);
+      return 0;
+    } catch (const ringkv::cache_full&) {
+      return 1;
+    } catch (const std::out_of_range&) {
+      return 2;
+    } catch (const std::invalid_argument&) {
+      return 3;
+    }
+  }
+  void append(std::size_t l) {
+    std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+    for (float& x : key_) x = value(rng_);
+    for (float& x : value_) x = value(rng_);
+    const std::size_t position = model_.length(l);
+    tally_.full_appends +=
+        both([&](auto& s) { BOOST_REQUIRE(s.append(l, key_, value_) == position); }) == 1;
+  }
+  void bad_append(std::size_t l) {
+    std::vector<float> wrong(cfg_.row_floats() + (pick(0, 1) ? 1 : -1));
+    const int a = outcome([&](auto& s) { s.append(l, wrong, value_); }, store_);
+    const int b = outcome([&](auto& s) { s.append(cfg_.layers + l, key_, value_); }, store_);
+    BOOST_REQUIRE(a == 3);
+    BOOST_REQUIRE(b == 2);
+  }
+  // A range around what is held, sometimes reversed or past the end.
+  std::pair<std::size_t, std::size_t> random_range(std::size_t l) {
+    const std::size_t n = model_.length(l);
+    const std::size_t lo = n > sh_.capacity + 2 ? n - sh_.capacity - 2 : 0;
+    std::size_t from = pick(lo, n + 1), to = pick(lo, n + 1);
+    if (from > to && pick(0, 3) != 0) std::swap(from, to);
+    return {from, to};
+  }
+  bool held(std::size_t l, std::size_t from, std::size_t to) const {
+    if (from > to || to > model_.length(l)) return false;
+    for (std::size_t p = from; p < to; ++p)
+      if (model_.find(l, p) == nullptr) return false;
+    return true;
+  }
+  void window(std::size_t l) {
+    const auto [from, to] = random_range(l);
+    const bool ok = held(l, from, to);
+    const kv_side side = pick(0, 1) ? kv_side::keys : kv_side::values;
+    std::optional<ringkv::windowed_kv> zero_copy, copied;
+    // Both through the interface: the default store overrides the scope-taking window.
+    auto take = [&](std::optional<ringkv::windowed_kv>& out) {
+      return [&, &out = out](const ringkv::kv_cache_store& s) {
+        out = side == kv_side::keys ? s.key_window(l, from, to, arena_)
+                                    : s.value_window(l, from, to, arena_);
+      };
+    };
+    const int a = outcome(take(zero_copy), store_), b = outcome(take(copied), model_);
+    BOOST_REQUIRE(a == b);
+    ++tally_.windows[a != 0];
+    BOOST_REQUIRE_MESSAGE(zero_copy.has_value() == ok,
+                          sh_ << ": window [" << from << ", " << to << ") held " << ok);
+    if (!ok) return;
+    std::vector<std::size_t> expected;
+    if (sh_.keep > 0 && from > 0)
+      for (std::size_t p = 0; p < std::min(sh_.keep, from); ++p) expected.push_back(p);
+    for (std::size_t p = std::max(from, expected.size()); p < to; ++p) expected.push_back(p);
+    BOOST_REQUIRE(positions_of(*zero_copy) == expected);
+    BOOST_REQUIRE(positions_of(*copied) == expected);
+    BOOST_REQUIRE(zero_copy->runs().size() <= 3u);
+    BOOST_REQUIRE(wrong_rows(*zero_copy, side, l) == 0u);
+    BOOST_REQUIRE(wrong_rows(*copied, side, l) == 0u);
+    const auto& buffer = side == kv_side::keys ? store_.key_storage(l) : store_.value_storage(l);
+    for (const auto& run : zero_copy->runs()) BOOST_REQUIRE(buffer.contains(run.data()));
+    check_copy_trace(side, expected.size());
+  }
+  void check_copy_trace(kv_side side, std::size_t positions) {
+    auto adapters = model_trace_.of<trace::adapter_inserted>();
+    BOOST_REQUIRE(ranges::distance(adapters) == (positions > 0 ? 1 : 0));
+    if (positions > 0) {
+      const trace::adapter_inserted& a = *ranges::begin(adapters);
+      BOOST_REQUIRE(a.kind == "copy-kv-window");
+      BOOST_REQUIRE(a.target == (side == kv_side::keys ? "keys" : "values"));
+      BOOST_REQUIRE(a.bytes == positions * cfg_.row_floats() * sizeof(float));
+    }
+    model_trace_.clear();
+  }
+  std::size_t wrong_rows(const ringkv::windowed_kv& w, kv_side side, std::size_t l) const {
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < w.runs().size(); ++i)
+      for (std::size_t p = 0; p < w.runs()[i].positions(); ++p) {
+        const auto* r = model_.find(l, w.run_first_position(i) + p);
+        for (std::size_t h = 0; h < cfg_.kv_heads; ++h)
+          for (std::size_t d = 0; d < cfg_.head_dim; ++d)
+            wrong += w.runs()[i].row<float>(h, p)[d] !=
+                     (side == kv_side::keys ? r->key : r->value)[h * cfg_.head_dim + d];
+      }
+    return wrong;
+  }
+  void read(std::size_t l) {
+    const auto [from, to] = random_range(l);
+    const std::size_t size = from <= to ? (to - from) * cfg_.row_floats() : 0;
+    std::vector<float> a(size, -1.0f), b(size, -2.0f);
+    const bool keys = pick(0, 1);
+    const int ra = outcome([&](auto& s) { keys ? s.read_keys(l, from, to, a) : s.read_values(l, from, to, a); }, store_);
+    const int rb = outcome([&](auto& s) { keys ? s.read_keys(l, from, to, b) : s.read_values(l, from, to, b); }, model_);
+    BOOST_REQUIRE(ra == rb);
+    BOOST_REQUIRE(ra == (held(l, from, to) ? 0 : 2));
+    ++tally_.reads[ra != 0];
+    if (ra == 0) BOOST_REQUIRE(a == b);
+    else BOOST_REQUIRE(a == std::vector<float>(size, -1.0f));  // out untouched when refused
+  }
+  void truncate(std::size_t l) {
+    const std::size_t n = model_.length(l), back = pick(0, sh_.slack + 5);
+    const std::size_t to = back > n ? 0 : n - back + (pick(0, 9) == 0);  // sometimes past the end
+    ++tally_.truncates[both([&](auto& s) { s.truncate(l, to); }) != 0];
+  }
+  void compare_positions() {
+    for (std::size_t l = 0; l < cfg_.layers; ++l) {
+      BOOST_REQUIRE(store_.length(l) == model_.length(l));
+      BOOST_REQUIRE_MESSAGE(store_.window_start(l) == model_.window_start(l),
+                            sh_ << ": layer " << l << " window_start " << store_.window_start(l)
+                                << ", reference " << model_.window_start(l));
+      BOOST_REQUIRE(store_.held(l) == model_.held(l));
+    }
+  }
+
+  shape sh_;
+  tally& tally_;
+  kv_cache_config cfg_;
+  store_options opt_;
+  trace::recorder store_trace_{64}, model_trace_{64};
+  ringkv::default_kv_cache_store store_;
+  deque_store model_;
+  std::mt19937 rng_;
+  std::vector<float> key_, value_;
+  ringkv::scope arena_;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_store_that_implements_only_the_core_copies_its_windows_once_and_says_so) {
+  trace::recorder rec(16);
+  const kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = 3, .capacity = 5};
+  deque_store s(c, {.sliding_window = true, .keep = 1}, rec);
+  store_test::rows r(c);
+  r.append_all(s, 9);  // held 0, [5, 9)
+  ringkv::scope arena(4096);
+  const auto w = s.key_window(0, 6, 9, arena);
+  BOOST_TEST(positions_of(w) == (std::vector<std::size_t>{0, 6, 7, 8}),
+             boost::test_tools::per_element());
+  BOOST_TEST(store_test::wrong_elements(w, kv_side::keys, 0) == 0u);
+  BOOST_TEST(arena.live() > 0u);  // the rows live in the caller's scope
+  const auto v = s.value_window(0, 5, 9, arena);
+  BOOST_TEST(store_test::wrong_elements(v, kv_side::values, 0) == 0u);
+  std::vector<std::string> seen;
+  for (const auto& a : rec.of<trace::adapter_inserted>()) {
+    seen.emplace_back(a.target);
+    BOOST_TEST(a.kind == "copy-kv-window");
+  }
+  BOOST_TEST(seen == (std::vector<std::string>{"keys", "values"}), boost::test_tools::per_element());
+  auto adapters = rec.of<trace::adapter_inserted>();
+  BOOST_TEST((*ranges::begin(adapters)).bytes == 4u * 2u * 3u * 4u);
+  BOOST_TEST(rec.emitted() == 2u);
+  BOOST_CHECK_THROW(s.key_window(0, 4, 9, arena), std::out_of_range);
+  const std::size_t live = arena.live();
+  BOOST_CHECK_THROW(s.value_window(0, 7, 10, arena), std::out_of_range);
+  BOOST_TEST(arena.live() == live);  // refused before taking memory
+  BOOST_TEST(rec.emitted() == 2u);
+  rec.clear();
+  BOOST_TEST(deque_store(c, {}, rec).key_window(0, 0, 0, arena).empty());
+  BOOST_TEST(rec.emitted() == 0u);  // nothing copied, nothing said
+}
+
+BOOST_AUTO_TEST_CASE(random_operations_agree_with_a_deque_of_rows_reference) {
+  const shape shapes[] = {{4, 0, 0, false}, {7, 0, 0, false}, {1, 0, 0, true},
+                          {4, 0, 0, true},  {5, 0, 2, true},  {6, 2, 0, true},
+                          {7, 2, 2, true},  {8, 3, 1, true},  {3, 2, 0, true},
+                          {6, 1, 4, true}};
+  std::size_t sequences = 0;
+  tally t;
+  for (const shape& sh : shapes) {
+    BOOST_TEST_CONTEXT(sh) {
+      for (std::uint32_t seed = 1; seed <= 200; ++seed, ++sequences) {
+        model_check check(sh, seed, t);
+        check.run(80);
+      }
+    }
+  }
+  BOOST_TEST_MESSAGE(sequences << " random sequences of 80 operations; windows held/refused "
+                                << t.windows[0] << "/" << t.windows[1] << ", reads "
+                                << t.reads[0] << "/" << t.reads[1] << ", truncates "
+                                << t.truncates[0] << "/" << t.truncates[1]
+                                << ", appends to a full dense layer " << t.full_appends);
+  BOOST_TEST(sequences == 2000u);
+  for (const std::size_t* kind : {t.windows, t.reads, t.truncates}) {
+    BOOST_TEST(kind[0] > 1000u);
+    BOOST_TEST(kind[1] > 500u);
+  }
+  BOOST_TEST(t.full_appends > 100u);
+}
