@@ -16,11 +16,14 @@
 
 import ringkv;
 
+#include "store_support.hpp"
+
 namespace trace = ringkv::trace;
 using ringkv::dtype;
 using ringkv::kv_run;
 using ringkv::tensor_view;
 using ringkv::windowed_kv;
+using store_test::mentions;
 
 namespace {
 // A buffer of random bytes (any bit pattern, NaNs included) shaped like a ring's storage:
@@ -42,14 +45,6 @@ struct ring_buffer {
   std::size_t heads, slots, head_dim;
   std::vector<std::byte> bytes;
 };
-
-template <class E>
-bool mentions(const E& e, std::initializer_list<const char*> words) {
-  const std::string what = e.what();
-  for (const char* w : words)
-    if (what.find(w) == std::string::npos) return false;
-  return true;
-}
 
 std::vector<std::size_t> first_positions(const windowed_kv& w) {
   std::vector<std::size_t> v;

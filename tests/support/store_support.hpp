@@ -1,5 +1,7 @@
 // Shared helpers for the store suites: deterministic key/value rows and checks of windows and
-// reads against them. Include after `import ringkv;` (it names the library's types).
+// reads against them. Include after `import ringkv;` (it names the library's types); the includer
+// has already included <cstddef>, <initializer_list>, <span>, <string> and <vector> before the
+// import (clang wants standard headers before imports).
 #pragma once
 
 namespace store_test {
