@@ -46,7 +46,7 @@ std::size_t side_elements(const kv_cache_config& c) {
 
 void store_elements(std::byte* dst, const float* src, std::size_t n, dtype type) noexcept {
   if (type == dtype::f32) {
-    std::memcpy(dst, src, n * sizeof(float));
+    std::memmove(dst, src, n * sizeof(float));  // the caller may pass a row of this very slot
     return;
   }
   const bool half = type == dtype::f16;
