@@ -1,0 +1,233 @@
+// The streaming-decode demo: a tiny synthetic transformer (seeded random weights) whose layers
+// keep their K/V in ringkv rings and attend them through ringkv::decode, one generator per layer.
+// Layers alternate local sliding windows with a wider one on every 4th layer (Gemma 3 style);
+// each ring's capacity is its window, so with the default 512 tokens every ring wraps many times.
+// Each output is fed back as the next input. Run with --help for the options.
+#include <chrono>
+#include <cmath>
+#include <coroutine>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+import ringkv;
+
+namespace {
+constexpr std::size_t d_model = 256, q_heads = 8, kv_heads = 2, head_dim = 32;
+
+struct settings {
+  std::size_t tokens = 512, window = 64, layers = 4;
+  std::string trace_file;
+  bool gather = false;
+};
+
+void usage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: stream_decode [--tokens N] [--window W] [--layers L] [--trace FILE] "
+               "[--gather] [--help]\n"
+               "  --tokens N    tokens to stream (default 512)\n"
+               "  --window W    sliding window of the local layers (default 64); every 4th layer\n"
+               "                uses 4*W; each layer's ring holds exactly its window\n"
+               "  --layers L    layers (default 4)\n"
+               "  --trace FILE  write a Chrome trace JSON of the run (open it in Perfetto UI)\n"
+               "  --gather      copy every window into one run first (the traced adapter path)\n");
+}
+
+bool parse_count(const char* s, std::size_t& out) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || *end != '\0' || v == 0 || v > (1ull << 24)) return false;
+  out = static_cast<std::size_t>(v);
+  return true;
+}
+
+// Returns false on a bad command line (the caller prints usage and exits 2).
+bool parse(int argc, char** argv, settings& s, bool& help) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--help" || a == "-h") help = true;
+    else if (a == "--gather") s.gather = true;
+    else if (a == "--tokens" && has_value) { if (!parse_count(argv[++i], s.tokens)) return false; }
+    else if (a == "--window" && has_value) { if (!parse_count(argv[++i], s.window)) return false; }
+    else if (a == "--layers" && has_value) { if (!parse_count(argv[++i], s.layers)) return false; }
+    else if (a == "--trace" && has_value) s.trace_file = argv[++i];
+    else return false;
+  }
+  return true;
+}
+
+// Row-major [rows, cols] weights drawn from N(0, 1/cols), so activations keep their scale.
+struct matrix {
+  std::size_t rows, cols;
+  std::vector<float> w;
+  matrix(std::size_t r, std::size_t c, std::mt19937& rng) : rows(r), cols(c), w(r * c) {
+    std::normal_distribution<float> n(0.0f, 1.0f / std::sqrt(float(c)));
+    for (float& x : w) x = n(rng);
+  }
+  void apply(std::span<const float> in, std::span<float> out) const {
+    for (std::size_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (std::size_t c = 0; c < cols; ++c) acc += w[r * cols + c] * in[c];
+      out[r] = acc;
+    }
+  }
+};
+
+void rms_norm(std::span<const float> in, std::span<float> out) {
+  float ss = 0.0f;
+  for (float x : in) ss += x * x;
+  const float inv = 1.0f / std::sqrt(ss / float(in.size()) + 1e-6f);
+  for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * inv;
+}
+
+// RoPE at an absolute position: keys are stored already rotated, which is why ringkv keeps
+// positions absolute even after the ring has wrapped many times.
+void rope(std::span<float> x, std::size_t position) {
+  constexpr std::size_t half = head_dim / 2;
+  for (std::size_t h = 0; h < x.size() / head_dim; ++h) {
+    float* v = x.data() + h * head_dim;
+    for (std::size_t i = 0; i < half; ++i) {
+      const double theta = double(position) * std::pow(10000.0, -2.0 * double(i) / head_dim);
+      const float c = float(std::cos(theta)), s = float(std::sin(theta));
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = a * s + b * c;
+    }
+  }
+}
+
+// The token source of one layer's stream: it yields whatever the model loop put in the slot.
+// This is how a model loop drives per-layer generators whose inputs depend on the layer below.
+ringkv::generator<ringkv::token_qkv> mailbox(const ringkv::token_qkv& slot) {
+  for (;;) co_yield slot;
+}
+
+struct layer {
+  std::size_t window;
+  matrix wq, wk, wv, wo;
+  std::unique_ptr<ringkv::default_kv_cache_store> store;
+  std::vector<float> q, k, v;  // [q_heads*head_dim], [kv_heads*head_dim] x2
+  ringkv::token_qkv slot;
+  ringkv::generator<std::span<const float>> stream;
+  ringkv::generator<std::span<const float>>::iterator row;
+  bool started = false;
+
+  layer(std::size_t w, std::mt19937& rng, ringkv::trace::sink& sink, bool gather)
+      : window(w), wq(q_heads * head_dim, d_model, rng), wk(kv_heads * head_dim, d_model, rng),
+        wv(kv_heads * head_dim, d_model, rng), wo(d_model, q_heads * head_dim, rng),
+        store(std::make_unique<ringkv::default_kv_cache_store>(
+            ringkv::kv_cache_config{.layers = 1, .kv_heads = kv_heads, .head_dim = head_dim,
+                                    .capacity = w},
+            ringkv::store_options{.sliding_window = true}, sink)),
+        q(q_heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim),
+        slot{q, k, v},
+        stream(ringkv::decode(*store, 0, mailbox(slot), {.window = w, .gather = gather}, sink)) {}
+
+  // One token through this layer: x += W_o · attention(rope(W_q h), rope(W_k h), W_v h).
+  void forward(std::span<float> x, std::span<float> h, std::span<float> o, std::size_t pos) {
+    rms_norm(x, h);
+    wq.apply(h, q);
+    wk.apply(h, k);
+    wv.apply(h, v);
+    rope(q, pos);
+    rope(k, pos);
+    if (!started) {
+      row = stream.begin();
+      started = true;
+    } else {
+      ++row;
+    }
+    wo.apply(*row, o);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+};
+
+std::size_t count_allocations(const ringkv::trace::recorder& r) {
+  std::size_t n = 0;
+  for (const auto& a : r.of<ringkv::trace::allocation>()) n += a.bytes > 0;
+  return n;
+}
+std::size_t count_adapters(const ringkv::trace::recorder& r) {
+  std::size_t n = 0;
+  for (const auto& a : r.of<ringkv::trace::adapter_inserted>()) n += a.bytes > 0;
+  return n;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  bool help = false;
+  if (!parse(argc, argv, s, help)) {
+    usage(stderr);
+    return 2;
+  }
+  if (help) {
+    usage(stdout);
+    return 0;
+  }
+  // Kernel-run events only when a trace file is asked for; allocations and copies always.
+  ringkv::trace::recorder rec(1u << 20, !s.trace_file.empty());
+  std::mt19937 rng(20261129);
+  std::vector<std::unique_ptr<layer>> layers;
+  for (std::size_t l = 0; l < s.layers; ++l)
+    layers.push_back(std::make_unique<layer>(l % 4 == 3 ? 4 * s.window : s.window, rng, rec,
+                                             s.gather));
+  std::vector<float> x(d_model), h(d_model), o(d_model);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (float& e : x) e = n(rng);
+
+  std::printf("ringkv stream_decode: %zu layers, d_model %zu, %zu q heads / %zu kv heads, "
+              "head_dim %zu, windows %zu (x4 on every 4th layer), %zu tokens%s\n",
+              s.layers, d_model, q_heads, kv_heads, head_dim, s.window, s.tokens,
+              s.gather ? ", gather path" : "");
+  std::uint64_t allocations_before = 0, adapters_before = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto warm = start;
+  const std::size_t report_every = std::max<std::size_t>(1, s.tokens / 8);
+  for (std::size_t t = 0; t < s.tokens; ++t) {
+    for (auto& L : layers) L->forward(x, h, o, t);
+    rms_norm(x, h);  // the output, normalised, is the next input
+    x.assign(h.begin(), h.end());
+    if (t == 0) {  // warm-up: every stream has made its first step
+      warm = std::chrono::steady_clock::now();
+      allocations_before = count_allocations(rec);
+      adapters_before = count_adapters(rec);
+    }
+    if ((t + 1) % report_every == 0 || t + 1 == s.tokens) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const auto& st = *layers[0]->store;
+      std::printf("  token %5zu  %8.0f tok/s  layer 0 holds [%zu, %zu)  ring phase %zu/%zu\n",
+                  t + 1, double(t + 1) / secs, st.window_start(0), st.length(0),
+                  st.length(0) % st.config().capacity, st.config().capacity);
+    }
+  }
+  const auto end = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(end - start).count();
+  const double steady = std::chrono::duration<double>(end - warm).count();
+  std::size_t held = 0;
+  for (auto& L : layers) held += L->store->memory().physical_bytes;
+  const auto last = *layers.back()->row;
+  std::printf("summary: %zu tokens in %.3f s (%.0f tok/s after warm-up)\n", s.tokens, secs,
+              s.tokens > 1 ? double(s.tokens - 1) / steady : 0.0);
+  std::printf("summary: allocations after warm-up: %zu, adapters after warm-up: %zu\n",
+              count_allocations(rec) - allocations_before, count_adapters(rec) - adapters_before);
+  std::printf("summary: KV bytes held: %zu\n", held);
+  std::printf("summary: last row of the last layer starts %.6f %.6f %.6f %.6f\n", last[0],
+              last[1], last[2], last[3]);
+  if (!s.trace_file.empty()) {
+    std::ofstream out(s.trace_file);
+    ringkv::trace::write_chrome_trace(out, rec);
+    if (!out) {
+      std::fprintf(stderr, "stream_decode: cannot write %s\n", s.trace_file.c_str());
+      return 1;
+    }
+    std::printf("trace: %llu events written to %s (open in Perfetto UI)\n",
+                (unsigned long long)rec.size(), s.trace_file.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,80 @@
+// ringkv.decode — the user-facing stream: one output row per token, appended to and attended
+// over a (ring) store through its zero-copy windows, as a coroutine generator.
+module;
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+export module ringkv.decode;
+export import ringkv.generator;
+export import ringkv.store;
+export import ringkv.attention;
+
+export namespace ringkv {
+
+/// One token's projections for one layer: q [q_heads * head_dim], k and v [kv_heads * head_dim].
+struct token_qkv {
+  std::span<const float> q, k, v;
+};
+
+struct decode_options {
+  std::size_t window = 0;            // keys a query sees, counting itself; 0: capacity - slack
+  float scale = 0.0f;                // 0: 1 / sqrt(head_dim)
+  std::span<const float> sinks = {}; // learned sink logit per query head, or empty
+  bool gather = false;               // copy each window into one run first (traced), to compare
+};
+
+namespace detail {
+/// Checks store, layer and options before the stream starts; returns the effective window.
+std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o);
+/// Checks one token against the store's geometry before anything is appended.
+void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o);
+/// First position of the window of the token at position p (window W, keep S pinned sinks;
+/// the store adds the pinned run itself when from > 0).
+std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;
+/// Appends one token and attends it; `out` is the output row. No allocation on the default store.
+void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
+                const decode_options& o, std::size_t window, const windowed_attention& attention,
+                scope& arena, std::span<float> out);
+
+template <class R>
+R& unwrap(R& r) noexcept { return r; }
+template <class R>
+R& unwrap(std::reference_wrapper<R> r) noexcept { return r.get(); }
+
+template <class Source>
+generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size_t layer,
+                                                Source tokens, decode_options opts,
+                                                std::size_t window, trace::sink& sink) {
+  const windowed_attention attention(attention_options{&sink});
+  scope arena(64, sink);    // grows only for stores whose windows copy (or with .gather)
+  std::vector<float> out;   // [q_heads * head_dim], sized by the first token
+  for (auto&& item : unwrap(tokens)) {
+    const token_qkv& t = item;
+    check_token(store, t, opts);
+    if (out.size() != t.q.size()) out.assign(t.q.size(), 0.0f);
+    decode_one(store, layer, t, opts, window, attention, arena, out);
+    co_yield std::span<const float>(out);
+  }
+}
+}  // namespace detail
+
+/// Streams `tokens` (any input range of token_qkv) through `layer` of `store`: each pulled row
+/// appends k, v at the next position (overwriting the oldest of a full ring), attends q over its
+/// window and yields the output row, valid until the next increment. O(window * heads * head_dim)
+/// per token; no heap allocation per token after the first on the default store. An lvalue range
+/// is referenced, an rvalue one moved into the stream. Options are checked here, at the call.
+template <class Tokens>
+generator<std::span<const float>> decode(kv_cache_store& store, std::size_t layer,
+                                         Tokens&& tokens, decode_options options = {},
+                                         trace::sink& sink = trace::null_sink()) {
+  const std::size_t window = detail::check_decode(store, layer, options);
+  if constexpr (std::is_lvalue_reference_v<Tokens>)
+    return detail::decode_stream(store, layer, std::ref(tokens), options, window, sink);
+  else
+    return detail::decode_stream(store, layer, std::move(tokens), options, window, sink);
+}
+
+}  // namespace ringkv

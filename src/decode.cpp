@@ -1,0 +1,66 @@
+module;
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+module ringkv.decode;
+
+namespace ringkv::detail {
+namespace {
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::invalid_argument("ringkv::decode: " + what);
+}
+}  // namespace
+
+std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o) {
+  const kv_cache_config& c = store.config();
+  if (layer >= c.layers)
+    throw std::out_of_range("ringkv::decode: layer " + std::to_string(layer) + " >= layers " +
+                            std::to_string(c.layers));
+  const std::size_t limit = c.capacity - store.options().slack;
+  const std::size_t window = o.window == 0 ? limit : o.window;
+  if (window > limit)
+    refuse("window " + std::to_string(window) + " > capacity - slack = " + std::to_string(limit) +
+           " (the store cannot hold it)");
+  if (store.options().keep >= window && store.options().keep > 0)
+    refuse("window " + std::to_string(window) + " must exceed keep " +
+           std::to_string(store.options().keep));
+  if (o.scale < 0.0f || o.scale != o.scale) refuse("scale must be >= 0 (0: 1/sqrt(head_dim))");
+  return window;
+}
+
+void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o) {
+  const kv_cache_config& c = store.config();
+  const std::size_t kv = c.kv_heads * c.head_dim;
+  if (t.k.size() != kv || t.v.size() != kv)
+    refuse("token k/v have " + std::to_string(t.k.size()) + "/" + std::to_string(t.v.size()) +
+           " floats, expected kv_heads * head_dim = " + std::to_string(kv));
+  const std::size_t q = t.q.size();
+  if (q == 0 || q % kv != 0)
+    refuse("token q has " + std::to_string(q) +
+           " floats, expected a non-zero multiple of kv_heads * head_dim = " + std::to_string(kv));
+  if (!o.sinks.empty() && o.sinks.size() != q / c.head_dim)
+    refuse("sinks has " + std::to_string(o.sinks.size()) + " logits, expected one per query head (" +
+           std::to_string(q / c.head_dim) + ")");
+}
+
+std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept {
+  // The token at p sees W keys: p-W+1..p, or with S pinned sinks 0..S-1 and p-(W-S)+1..p.
+  return p + 1 > window ? p + 1 - (window - keep) : 0;
+}
+
+void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
+                const decode_options& o, std::size_t window, const windowed_attention& attention,
+                scope& arena, std::span<float> out) {
+  const std::size_t p = store.append(layer, t.k, t.v);
+  const std::size_t from = window_from(p, window, store.options().keep);
+  if (arena.live() > 0) arena.reset();
+  const windowed_kv keys = store.key_window(layer, from, p + 1, arena);
+  const windowed_kv values = store.value_window(layer, from, p + 1, arena);
+  if (o.gather)
+    attention.decode_step_gathered(t.q, keys, values, out, arena, o.scale, o.sinks);
+  else
+    attention.decode_step(t.q, keys, values, out, o.scale, o.sinks);
+}
+
+}  // namespace ringkv::detail
