@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   // Kernel-run events only when a trace file is asked for; allocations and copies always.
-  ringkv::trace::recorder rec(1u << 20, !s.trace_file.empty());
+  ringkv::trace::recorder rec(1u << 16, !s.trace_file.empty());
   std::mt19937 rng(20261129);
   std::vector<std::unique_ptr<layer>> layers;
   for (std::size_t l = 0; l < s.layers; ++l)

@@ -1,0 +1,213 @@
+#define BOOST_TEST_MODULE decode
+#include <boost/test/unit_test.hpp>
+
+#include <coroutine>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+#include <range/v3/range/operations.hpp>
+#include <range/v3/view/take.hpp>
+
+#include "count_new.hpp"
+
+import ringkv;
+
+namespace trace = ringkv::trace;
+
+namespace {
+// Seeded random q/k/v for n tokens with the given geometry.
+struct token_data {
+  std::size_t q_width, kv_width;
+  std::vector<float> q, k, v;
+  std::vector<ringkv::token_qkv> tokens;
+
+  token_data(std::size_t n, std::size_t q_heads, std::size_t kv_heads, std::size_t head_dim,
+             unsigned seed)
+      : q_width(q_heads * head_dim), kv_width(kv_heads * head_dim), q(n * q_width),
+        k(n * kv_width), v(n * kv_width) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto* buf : {&q, &k, &v})
+      for (float& x : *buf) x = nd(rng);
+    for (std::size_t i = 0; i < n; ++i)
+      tokens.push_back({std::span<const float>(q).subspan(i * q_width, q_width),
+                        std::span<const float>(k).subspan(i * kv_width, kv_width),
+                        std::span<const float>(v).subspan(i * kv_width, kv_width)});
+  }
+};
+
+ringkv::default_kv_cache_store ring(std::size_t kv_heads, std::size_t head_dim,
+                                    std::size_t capacity, trace::sink& sink = trace::null_sink(),
+                                    std::size_t layers = 1) {
+  return ringkv::default_kv_cache_store(
+      ringkv::kv_cache_config{.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim,
+                              .capacity = capacity},
+      ringkv::store_options{.sliding_window = true}, sink);
+}
+
+std::vector<float> read_all_keys(const ringkv::kv_cache_store& s, std::size_t layer) {
+  const auto& c = s.config();
+  std::vector<float> out(c.kv_heads * (s.length(layer) - s.window_start(layer)) * c.head_dim);
+  s.read_keys(layer, s.window_start(layer), s.length(layer), out);
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_stream_equals_a_hand_written_loop_of_append_and_decode_step_bit_for_bit) {
+  struct shape { std::size_t q_heads, kv_heads, head_dim, window; };
+  for (const shape sh : {shape{1, 1, 16, 5}, shape{8, 2, 32, 17}, shape{4, 4, 8, 1},
+                         shape{8, 1, 64, 33}}) {
+    const std::size_t n = 3 * sh.window + 11;  // wraps the ring of capacity `window` 3+ times
+    token_data data(n, sh.q_heads, sh.kv_heads, sh.head_dim, 7);
+    auto streamed = ring(sh.kv_heads, sh.head_dim, sh.window);
+    auto by_hand = ring(sh.kv_heads, sh.head_dim, sh.window);
+    const ringkv::windowed_attention attention;
+    std::vector<float> expected(data.q_width);
+    std::size_t i = 0;
+    for (std::span<const float> row : ringkv::decode(streamed, 0, data.tokens)) {
+      const auto& t = data.tokens[i];
+      const std::size_t p = by_hand.append(0, t.k, t.v);
+      const std::size_t from = p + 1 > sh.window ? p + 1 - sh.window : 0;
+      attention.decode_step(t.q, by_hand.key_window(0, from, p + 1),
+                            by_hand.value_window(0, from, p + 1), expected);
+      BOOST_REQUIRE_EQUAL(row.size(), expected.size());
+      BOOST_REQUIRE(std::memcmp(row.data(), expected.data(), row.size() * sizeof(float)) == 0);
+      ++i;
+    }
+    BOOST_TEST(i == n);
+    BOOST_TEST(streamed.length(0) == n);
+    BOOST_TEST(streamed.window_start(0) == n - sh.window);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_stream_composes_with_std_take_and_stops_appending_when_the_consumer_stops) {
+  token_data data(50, 2, 1, 8, 11);
+  auto store = ring(1, 8, 8);
+  std::size_t rows = 0;
+  for (std::span<const float> row : ringkv::decode(store, 0, data.tokens) | std::views::take(12)) {
+    BOOST_TEST(row.size() == 16u);
+    ++rows;
+  }
+  BOOST_TEST(rows == 12u);
+  BOOST_TEST(store.length(0) == 12u);  // exactly the consumed tokens were appended
+}
+
+BOOST_AUTO_TEST_CASE(the_stream_composes_with_range_v3_take) {
+  token_data data(50, 2, 1, 8, 12);
+  auto store = ring(1, 8, 8);
+  std::size_t rows = 0;
+  for (std::span<const float> row : ringkv::decode(store, 0, data.tokens) | ranges::views::take(5)) {
+    BOOST_TEST(row.size() == 16u);
+    ++rows;
+  }
+  BOOST_TEST(rows == 5u);
+  BOOST_TEST(store.length(0) == 5u);
+}
+
+BOOST_AUTO_TEST_CASE(breaking_out_early_stops_appending) {
+  token_data data(30, 1, 1, 4, 13);
+  auto store = ring(1, 4, 6);
+  std::size_t seen = 0;
+  for (auto row : ringkv::decode(store, 0, data.tokens)) {
+    (void)row;
+    if (++seen == 9) break;
+  }
+  BOOST_TEST(store.length(0) == 9u);
+}
+
+BOOST_AUTO_TEST_CASE(the_tokens_can_come_from_another_generator) {
+  token_data data(20, 2, 2, 4, 14);
+  auto source = [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
+    for (const auto& t : all) co_yield t;
+  }(data.tokens);
+  auto store = ring(2, 4, 7);
+  std::size_t rows = 0;
+  for (auto row : ringkv::decode(store, 0, std::move(source))) rows += row.size() == 8;
+  BOOST_TEST(rows == 20u);
+}
+
+BOOST_AUTO_TEST_CASE(an_exception_in_the_token_source_comes_out_of_the_increment_and_the_store_keeps_what_it_had) {
+  token_data data(10, 1, 1, 4, 15);
+  auto failing = [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
+    for (std::size_t i = 0; i < 4; ++i) co_yield all[i];
+    throw std::runtime_error("tokenizer failed");
+  }(data.tokens);
+  auto store = ring(1, 4, 3);
+  auto stream = ringkv::decode(store, 0, std::move(failing));
+  auto it = stream.begin();
+  for (int i = 0; i < 3; ++i) ++it;
+  const auto keys_before = read_all_keys(store, 0);
+  BOOST_TEST(store.length(0) == 4u);
+  BOOST_CHECK_THROW(++it, std::runtime_error);
+  BOOST_TEST(store.length(0) == 4u);
+  BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_bad_token_comes_out_of_the_increment_with_the_store_unchanged) {
+  token_data data(6, 2, 1, 4, 16);
+  std::vector<float> short_k(3);
+  data.tokens[3].k = short_k;  // kv_heads * head_dim is 4
+  auto store = ring(1, 4, 4);
+  auto stream = ringkv::decode(store, 0, data.tokens);
+  auto it = stream.begin();
+  ++it;
+  ++it;
+  const auto keys_before = read_all_keys(store, 0);
+  BOOST_CHECK_EXCEPTION(++it, std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).find("kv_heads * head_dim = 4") != std::string::npos;
+  });
+  BOOST_TEST(store.length(0) == 3u);
+  BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(bad_options_are_refused_at_the_call) {
+  token_data data(2, 1, 1, 4, 17);
+  auto store = ring(1, 4, 4);
+  BOOST_CHECK_EXCEPTION(ringkv::decode(store, 0, data.tokens, {.window = 5}), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("capacity - slack = 4") !=
+                                 std::string::npos;
+                        });
+  BOOST_CHECK_THROW(ringkv::decode(store, 1, data.tokens), std::out_of_range);
+  std::vector<float> sinks(3);
+  auto stream = ringkv::decode(store, 0, data.tokens, {.sinks = sinks});
+  BOOST_CHECK_THROW(stream.begin(), std::invalid_argument);  // 1 query head, 3 sink logits
+  BOOST_TEST(store.length(0) == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_thousand_tokens_on_a_wrapped_ring_allocate_nothing_after_the_first) {
+  token_data data(1001, 8, 2, 32, 18);
+  trace::recorder rec(4096);
+  auto store = ring(2, 32, 64, rec);
+  auto stream = ringkv::decode(store, 0, data.tokens, {}, rec);
+  auto it = stream.begin();  // the first step may allocate (the output row, the arena)
+  const auto allocation_events = ranges::distance(rec.of<trace::allocation>());
+  ringkv_test::new_counter counter;
+  std::size_t steps = 0;
+  for (++it; it != std::default_sentinel; ++it) ++steps;
+  BOOST_TEST(steps == 1000u);
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == allocation_events);
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
+  BOOST_TEST(store.window_start(0) == 1001u - 64u);
+}
+
+BOOST_AUTO_TEST_CASE(the_gather_option_copies_each_window_and_says_so_in_the_trace) {
+  token_data data(20, 2, 1, 8, 19);
+  trace::recorder rec(4096);
+  auto store = ring(1, 8, 6, rec);
+  auto plain = ring(1, 8, 6);
+  std::vector<std::vector<float>> expected;
+  for (auto row : ringkv::decode(plain, 0, data.tokens)) expected.emplace_back(row.begin(), row.end());
+  std::size_t i = 0;
+  for (auto row : ringkv::decode(store, 0, data.tokens, {.gather = true}, rec)) {
+    BOOST_REQUIRE(std::memcmp(row.data(), expected[i].data(), row.size() * sizeof(float)) == 0);
+    ++i;
+  }
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 20);
+}
