@@ -4,9 +4,14 @@ set(RINGKV_MODULES
   modules/trace.cppm
   modules/tensor.cppm
   modules/window.cppm
+  modules/kernels.cppm
+  modules/attention.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
   src/tensor.cpp
   src/window.cpp
+  src/simd.cpp
+  src/kernels.cpp
+  src/attention.cpp
 )

@@ -3,3 +3,5 @@ export module ringkv;
 export import ringkv.trace;
 export import ringkv.tensor;
 export import ringkv.window;
+export import ringkv.kernels;
+export import ringkv.attention;
