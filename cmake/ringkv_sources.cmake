@@ -6,6 +6,9 @@ set(RINGKV_MODULES
   modules/window.cppm
   modules/generator.cppm
   modules/store.cppm
+  modules/kernels.cppm
+  modules/attention.cppm
+  modules/decode.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
@@ -13,4 +16,8 @@ set(RINGKV_SOURCES
   src/window.cpp
   src/store.cpp
   src/store_default.cpp
+  src/simd.cpp
+  src/kernels.cpp
+  src/attention.cpp
+  src/decode.cpp
 )

@@ -24,6 +24,12 @@ export namespace ringkv {
 /// coroutine (reference counted in its frame, no allocation), which makes a generator
 /// semiregular — range-v3 0.12 requires that of a view, so `gen() | ranges::views::take(n)` works
 /// on a temporary.
+///
+/// Increments are lazy: begin() runs the body to its first yield, but ++ only marks an advance
+/// that runs when the next value is needed (*, ->, == end, or a second ++). take(n) compares its
+/// count before touching the iterator, so `decode(...) | views::take(n)` runs the body exactly n
+/// times — an eager ++ would pull and append token n + 1 that nobody reads (the P2406 problem).
+/// An exception from the body comes out of the operation that ran it: begin(), ++, *, or == end.
 template <class T>
 class generator : public std::ranges::view_base {
  public:
@@ -51,6 +57,7 @@ class generator : public std::ranges::view_base {
     std::exception_ptr error_;
     std::size_t owners_ = 1;
     bool started_ = false;
+    bool pending_ = false;  // an increment not yet run
   };
 
   /// Iterator over the yielded values; copyable (copies share the one coroutine).
@@ -64,16 +71,24 @@ class generator : public std::ranges::view_base {
 
     iterator() noexcept = default;
     /// The current value, valid until the next increment; O(1).
-    reference operator*() const noexcept { return *coro_.promise().current_; }
-    const value_type* operator->() const noexcept { return coro_.promise().current_; }
-    /// Resumes the coroutine to the next yield; rethrows what the body threw.
+    /// The current value (runs a pending advance first), valid until the next increment.
+    reference operator*() const {
+      settle(coro_);
+      return *coro_.promise().current_;
+    }
+    const value_type* operator->() const { return std::addressof(**this); }
+    /// Marks an advance to the next yield; it runs when the next value is needed. O(1).
     iterator& operator++() {
-      advance(coro_);
+      settle(coro_);
+      coro_.promise().pending_ = true;
       return *this;
     }
     void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) noexcept {
-      return !it.coro_ || it.coro_.done();
+    /// Whether the body has finished (runs a pending advance first).
+    friend bool operator==(const iterator& it, std::default_sentinel_t) {
+      if (!it.coro_) return true;
+      settle(it.coro_);
+      return it.coro_.done();
     }
 
    private:
@@ -108,6 +123,12 @@ class generator : public std::ranges::view_base {
 
  private:
   explicit generator(std::coroutine_handle<promise_type> c) noexcept : coro_(c) {}
+  static void settle(std::coroutine_handle<promise_type> c) {
+    if (c.promise().pending_) {
+      c.promise().pending_ = false;
+      advance(c);
+    }
+  }
   static void advance(std::coroutine_handle<promise_type> c) {
     c.promise().current_ = nullptr;
     c.resume();

@@ -5,3 +5,6 @@ export import ringkv.tensor;
 export import ringkv.window;
 export import ringkv.generator;
 export import ringkv.store;
+export import ringkv.kernels;
+export import ringkv.attention;
+export import ringkv.decode;

@@ -82,17 +82,36 @@ BOOST_AUTO_TEST_CASE(it_composes_with_range_v3_views_take) {
   BOOST_TEST(got == (std::vector<int>{10, 11, 12}), boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(an_exception_in_the_body_comes_out_of_the_increment) {
+BOOST_AUTO_TEST_CASE(an_exception_in_the_body_comes_out_of_the_operation_that_runs_it) {
   auto g = three_then_throw();
   auto it = g.begin();
   BOOST_TEST(*it == 1);
   ++it;
-  ++it;
+  ++it;  // the first increment runs here, the second is pending
   BOOST_TEST(*it == 3);
-  BOOST_CHECK_EXCEPTION(++it, std::runtime_error, [](const std::runtime_error& e) {
-    return std::string(e.what()) == "source ran dry";
-  });
+  ++it;
+  BOOST_CHECK_EXCEPTION((void)(it == std::default_sentinel), std::runtime_error,
+                        [](const std::runtime_error& e) {
+                          return std::string(e.what()) == "source ran dry";
+                        });
   BOOST_TEST((it == std::default_sentinel));
+  auto h = three_then_throw();
+  auto jt = h.begin();
+  ++jt;
+  ++jt;
+  ++jt;  // runs the pending advance to 3, then marks one more
+  BOOST_CHECK_THROW(++jt, std::runtime_error);  // a second increment runs the body: it throws
+}
+
+BOOST_AUTO_TEST_CASE(take_n_runs_the_body_exactly_n_times) {
+  int resumed = 0;
+  std::vector<int> got;
+  for (int v : count_from(0, &resumed) | std::views::take(4)) got.push_back(v);
+  BOOST_TEST(resumed == 4);
+  resumed = 0;
+  for (int v : count_from(0, &resumed) | ranges::views::take(3)) got.push_back(v);
+  BOOST_TEST(resumed == 3);
+  BOOST_TEST(got.size() == 7u);
 }
 
 BOOST_AUTO_TEST_CASE(an_exception_before_the_first_yield_comes_out_of_begin) {

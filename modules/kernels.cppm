@@ -1,0 +1,83 @@
+// ringkv.kernels — the SIMD attention kernels (Highway, dynamic dispatch: the best instruction
+// set of the CPU, chosen once per call), as checked functions over windows. Highway itself stays
+// private: its code lives in ordinary src/*.cpp files behind a Highway-free header (DESIGN §5).
+//
+// Arithmetic contract (what makes results independent of where a ring wrapped and of threads):
+// scores are dot(query · scale, key row) with the same arithmetic for every row; the online
+// softmax advances by blocks of absolute positions [16k, 16k + 16) — scores, one max and rescale
+// per block, a vector exp over the block, its V rows summed and folded in; a decode computes one
+// partial state per segment of absolute positions [1024k, 1024k + 1024) that holds window
+// positions and merges them left to right (log-sum-exp, natural log). A caller that computes the
+// segments with attend() (in any order, on any threads) and merges them left to right with
+// merge() gets decode()'s bits.
+module;
+#include <cstddef>
+#include <span>
+#include <string_view>
+export module ringkv.kernels;
+export import ringkv.window;
+
+export namespace ringkv::kernels {
+
+/// The online softmax's block: absolute positions [16k, 16k + 16).
+inline constexpr std::size_t block_positions = 16;
+/// decode()'s unit of partial states: absolute positions [1024k, 1024k + 1024).
+inline constexpr std::size_t segment_positions = 1024;
+/// Largest head_dim the kernels take (their scratch is a fixed stack buffer).
+inline constexpr std::size_t max_head_dim = 2048;
+
+/// A partial online-softmax state of q_heads query heads over some window positions, natural
+/// log: its log-sum-exp is max + log(sum). The caller owns the memory (e.g. one per segment).
+struct softmax_state {
+  std::span<float> max;  // [q_heads] largest scaled score seen; −inf: no position yet
+  std::span<float> sum;  // [q_heads] Σ exp(score − max)
+  std::span<float> acc;  // [q_heads, head_dim] Σ exp(score − max) · value row
+};
+
+/// Name of the instruction set the kernels dispatch to now ("AVX2", "SSE4", ...); O(1).
+std::string_view target_name();
+
+/// Σ a[i]·b[i] in f32 (SIMD); throws std::invalid_argument when the sizes differ; O(n).
+float dot(std::span<const float> a, std::span<const float> b);
+
+/// Checks a decode step's arguments and returns the scale to use (`scale` = 0 → 1/sqrt(head_dim)).
+/// Throws std::invalid_argument, message starting with `caller` and naming the argument and the
+/// limit: an empty window; keys and values that differ in positions, heads, head_dim or dtype;
+/// a dtype other than f32; head_dim > max_head_dim; query not [q_heads * head_dim] with q_heads
+/// a multiple of kv_heads; out not the query's size or overlapping query/sinks; sinks neither
+/// empty nor [q_heads] or NaN; scale negative or not finite. O(q_heads + runs), no allocation
+/// unless it throws.
+float check_decode(std::string_view caller, std::span<const float> query, const windowed_kv& keys,
+                   const windowed_kv& values, std::span<const float> out, float scale,
+                   std::span<const float> sinks);
+
+/// One decode step: out [q_heads * head_dim] = softmax(query · K^T · scale (+ sink)) · V over all
+/// the window's positions, query head q reading kv head q / (q_heads / kv_heads), each K and V
+/// row loaded once per group. `out` is the accumulator; it is written only after every check
+/// (as check_decode). O(window · q_heads · head_dim), no allocation.
+void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            std::span<float> out, float scale = 0.0f, std::span<const float> sinks = {});
+
+/// Makes `s` empty: max −inf, sum and acc 0. Throws std::invalid_argument on inconsistent
+/// sizes; O(size).
+void clear(const softmax_state& s);
+
+/// The online-softmax step: continues `s` over the window positions in [from, to). Calls split
+/// at multiples of block_positions give the same bits as one call. Same checks as check_decode
+/// except that an empty window (or range) is allowed and changes nothing; `s` must be
+/// [q_heads] / [q_heads * head_dim]. O(positions · q_heads · head_dim), no allocation.
+void attend(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            float scale, std::size_t from, std::size_t to, const softmax_state& s);
+
+/// `into` ← log-sum-exp merge of `into` (earlier positions) and `from` (later ones), per head:
+/// m = max(m_a, m_b), sum = sum_a·e^(m_a − m) + sum_b·e^(m_b − m), likewise acc. An empty side
+/// leaves the other unchanged, bit for bit. Throws std::invalid_argument unless both states
+/// have the same sizes; O(q_heads · head_dim).
+void merge(const softmax_state& into, const softmax_state& from);
+
+/// out = acc / (sum + e^(sink − max)) per head (the learned sink, gpt-oss style, only adds to the
+/// denominator; `sinks` empty = none); zeros for a head that saw no position, never NaN.
+/// `out` may be `s.acc`. Throws std::invalid_argument on mismatched sizes; O(q_heads · head_dim).
+void finish(const softmax_state& s, std::span<const float> sinks, std::span<float> out);
+
+}  // namespace ringkv::kernels

@@ -1,0 +1,69 @@
+// ringkv.attention: checks, the optional kernel_run trace, and the gather path around the kernels.
+module;
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <string_view>
+module ringkv.attention;
+
+namespace ringkv {
+namespace {
+
+std::size_t window_bytes(const windowed_kv& w) {
+  std::size_t bytes = 0;
+  for (const tensor_view& run : w.runs()) bytes += run.bytes();
+  return bytes;
+}
+
+/// Times `work` and emits one kernel_run when the sink wants it; otherwise just runs it.
+template <class Work>
+void traced(trace::sink& sink, std::string_view kernel, std::size_t bytes_read,
+            std::size_t bytes_written, Work&& work) {
+  if (!sink.enabled() || !sink.wants_kernel_runs()) {
+    work();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  sink.emit(trace::kernel_run{kernel, bytes_read, bytes_written, nanos});
+}
+
+}  // namespace
+
+windowed_attention::windowed_attention() noexcept : sink_(&trace::null_sink()) {}
+
+windowed_attention::windowed_attention(attention_options options) noexcept
+    : sink_(options.sink ? options.sink : &trace::null_sink()) {}
+
+void windowed_attention::decode_step(std::span<const float> query, const windowed_kv& keys,
+                                     const windowed_kv& values, std::span<float> out, float scale,
+                                     std::span<const float> sinks) const {
+  kernels::check_decode("ringkv::windowed_attention::decode_step", query, keys, values, out, scale,
+                        sinks);
+  const std::size_t read = window_bytes(keys) + window_bytes(values) + query.size_bytes() +
+                           sinks.size_bytes();
+  traced(*sink_, "attention.decode_step", read, out.size_bytes(),
+         [&] { kernels::decode(query, keys, values, out, scale, sinks); });
+}
+
+void windowed_attention::decode_step_gathered(std::span<const float> query,
+                                              const windowed_kv& keys, const windowed_kv& values,
+                                              std::span<float> out, scope& arena, float scale,
+                                              std::span<const float> sinks) const {
+  kernels::check_decode("ringkv::windowed_attention::decode_step_gathered", query, keys, values,
+                        out, scale, sinks);
+  const std::size_t copied = window_bytes(keys) + window_bytes(values);
+  // The copy is read once to gather and once by the kernel.
+  traced(*sink_, "attention.decode_step_gathered", 2 * copied + query.size_bytes() +
+                                                       sinks.size_bytes(),
+         copied + out.size_bytes(), [&] {
+           const windowed_kv k = keys.gathered(arena, *sink_, "keys");
+           const windowed_kv v = values.gathered(arena, *sink_, "values");
+           kernels::decode(query, k, v, out, scale, sinks);
+         });
+}
+
+}  // namespace ringkv

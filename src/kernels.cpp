@@ -1,0 +1,236 @@
+// ringkv.kernels: checks the arguments, describes windows to the Highway entry points (simd.h)
+// and calls them. All checks happen before any output is written.
+module;
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "simd.h"
+module ringkv.kernels;
+
+namespace ringkv::kernels {
+namespace {
+
+[[noreturn]] void refuse(std::string_view caller, const std::string& what) {
+  throw std::invalid_argument(std::string(caller) + ": " + what);
+}
+
+std::string str(std::size_t n) { return std::to_string(n); }
+
+/// The window's positions as maximal intervals [first, end): adjacent runs joined, so a window
+/// and its wrapped or gathered copy compare equal.
+struct intervals {
+  std::array<std::pair<std::size_t, std::size_t>, windowed_kv::max_runs> at{};
+  std::size_t count = 0;
+  bool operator==(const intervals& o) const {
+    return count == o.count && std::equal(at.begin(), at.begin() + count, o.at.begin());
+  }
+};
+
+intervals positions_of(const windowed_kv& w) {
+  intervals out;
+  for (std::size_t i = 0; i < w.runs().size(); ++i) {
+    const std::size_t first = w.run_first_position(i), end = first + w.runs()[i].positions();
+    if (out.count > 0 && out.at[out.count - 1].second == first)
+      out.at[out.count - 1].second = end;
+    else
+      out.at[out.count++] = {first, end};
+  }
+  return out;
+}
+
+std::string describe(const intervals& iv) {
+  std::string s;
+  for (std::size_t i = 0; i < iv.count; ++i)
+    s += (i ? " + [" : "[") + str(iv.at[i].first) + ", " + str(iv.at[i].second) + ")";
+  return s;
+}
+
+bool overlaps(std::span<const float> a, std::span<const float> b) {
+  const std::less<const float*> before;
+  return !a.empty() && !b.empty() && before(a.data(), b.data() + b.size()) &&
+         before(b.data(), a.data() + a.size());
+}
+
+/// Keys and values describe the same positions with the same geometry and a supported dtype.
+void check_windows(std::string_view caller, const windowed_kv& keys, const windowed_kv& values) {
+  if (keys.length() != values.length())
+    refuse(caller, "keys hold " + str(keys.length()) + " positions but values hold " +
+                       str(values.length()));
+  if (keys.empty()) return;
+  if (keys.heads() != values.heads() || keys.head_dim() != values.head_dim())
+    refuse(caller, "keys are [" + str(keys.heads()) + " heads, head_dim " + str(keys.head_dim()) +
+                       "] but values are [" + str(values.heads()) + " heads, head_dim " +
+                       str(values.head_dim()) + "]");
+  if (keys.type() != values.type())
+    refuse(caller, "keys are " + std::string(name_of(keys.type())) + " but values are " +
+                       std::string(name_of(values.type())));
+  if (keys.first_position() != values.first_position())
+    refuse(caller, "keys start at position " + str(keys.first_position()) +
+                       " but values start at " + str(values.first_position()));
+  const intervals kp = positions_of(keys), vp = positions_of(values);
+  if (!(kp == vp))
+    refuse(caller, "keys cover positions " + describe(kp) + " but values cover " + describe(vp));
+  if (keys.type() != dtype::f32)
+    refuse(caller, "keys and values are " + std::string(name_of(keys.type())) +
+                       "; only f32 rows have a kernel so far");
+  if (keys.head_dim() > max_head_dim)
+    refuse(caller, "head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
+                       str(max_head_dim));
+}
+
+/// q_heads after checking query against a non-empty window.
+std::size_t check_query(std::string_view caller, std::span<const float> query,
+                        const windowed_kv& keys) {
+  const std::size_t dim = keys.head_dim();
+  if (query.empty() || query.size() % dim != 0)
+    refuse(caller, "query has " + str(query.size()) + " floats, not a positive multiple of head_dim " +
+                       str(dim));
+  const std::size_t q_heads = query.size() / dim;
+  if (q_heads % keys.heads() != 0)
+    refuse(caller, "q_heads " + str(q_heads) + " (query " + str(query.size()) + " / head_dim " +
+                       str(dim) + ") is not a multiple of kv_heads " + str(keys.heads()));
+  return q_heads;
+}
+
+float check_scale(std::string_view caller, float scale, std::size_t head_dim) {
+  if (!std::isfinite(scale) || scale < 0.0f)
+    refuse(caller, "scale " + std::to_string(scale) +
+                       " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
+  return scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : scale;
+}
+
+void check_sinks(std::string_view caller, std::span<const float> sinks, std::size_t q_heads) {
+  if (!sinks.empty() && sinks.size() != q_heads)
+    refuse(caller, "sinks has " + str(sinks.size()) + " values; expected none or q_heads = " +
+                       str(q_heads));
+  for (std::size_t i = 0; i < sinks.size(); ++i)
+    if (std::isnan(sinks[i])) refuse(caller, "sinks[" + str(i) + "] is NaN");
+}
+
+/// head_dim of a state after checking that its spans agree (0 for a state of no heads).
+std::size_t check_state(std::string_view caller, std::string_view name, const softmax_state& s) {
+  const std::size_t heads = s.max.size();
+  if (s.sum.size() != heads || (heads == 0 ? !s.acc.empty() : s.acc.size() % heads != 0))
+    refuse(caller, std::string(name) + " has max[" + str(heads) + "], sum[" + str(s.sum.size()) +
+                       "], acc[" + str(s.acc.size()) +
+                       "]; expected [q_heads], [q_heads], [q_heads * head_dim]");
+  return heads == 0 ? 0 : s.acc.size() / heads;
+}
+
+simd::window window_of(const windowed_kv& w) {
+  simd::window out;
+  out.type = w.type() == dtype::f32   ? simd::element::f32
+             : w.type() == dtype::f16 ? simd::element::f16
+                                      : simd::element::bf16;
+  for (std::size_t i = 0; i < w.runs().size(); ++i) {
+    const tensor_view& v = w.runs()[i];
+    out.runs[i] = {v.data(), v.head_stride() * v.element_bytes(),
+                   v.position_stride() * v.element_bytes(), w.run_first_position(i), v.positions()};
+  }
+  out.run_count = w.runs().size();
+  return out;
+}
+
+simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
+                         const windowed_kv& values, float scale) {
+  simd::problem p;
+  p.query = query.data();
+  p.keys = window_of(keys);
+  p.values = window_of(values);
+  p.head_dim = keys.head_dim();
+  p.kv_heads = keys.heads();
+  p.q_heads = query.size() / p.head_dim;
+  p.scale = scale;
+  return p;
+}
+
+simd::state state_of(const softmax_state& s) { return {s.max.data(), s.sum.data(), s.acc.data()}; }
+
+}  // namespace
+
+std::string_view target_name() { return simd::target_name(); }
+
+float dot(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size())
+    refuse("ringkv::kernels::dot", "a has " + str(a.size()) + " floats but b has " + str(b.size()));
+  return simd::dot(a.data(), b.data(), a.size());
+}
+
+float check_decode(std::string_view caller, std::span<const float> query, const windowed_kv& keys,
+                   const windowed_kv& values, std::span<const float> out, float scale,
+                   std::span<const float> sinks) {
+  if (keys.empty() && values.empty())
+    refuse(caller, "the window is empty (a decode step attends at least one position)");
+  check_windows(caller, keys, values);
+  const std::size_t q_heads = check_query(caller, query, keys);
+  if (out.size() != query.size())
+    refuse(caller, "out has " + str(out.size()) + " floats but query has " + str(query.size()) +
+                       " (q_heads * head_dim)");
+  if (overlaps(out, query)) refuse(caller, "out overlaps query");
+  if (overlaps(out, sinks)) refuse(caller, "out overlaps sinks");
+  check_sinks(caller, sinks, q_heads);
+  return check_scale(caller, scale, keys.head_dim());
+}
+
+void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            std::span<float> out, float scale, std::span<const float> sinks) {
+  const float s = check_decode("ringkv::kernels::decode", query, keys, values, out, scale, sinks);
+  simd::decode(problem_of(query, keys, values, s), sinks.empty() ? nullptr : sinks.data(),
+               out.data());
+}
+
+void clear(const softmax_state& s) {
+  check_state("ringkv::kernels::clear", "s", s);
+  for (float& m : s.max) m = -std::numeric_limits<float>::infinity();
+  for (float& x : s.sum) x = 0.0f;
+  for (float& x : s.acc) x = 0.0f;
+}
+
+void attend(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            float scale, std::size_t from, std::size_t to, const softmax_state& s) {
+  constexpr std::string_view caller = "ringkv::kernels::attend";
+  check_windows(caller, keys, values);
+  if (from > to) refuse(caller, "from " + str(from) + " is after to " + str(to));
+  if (keys.empty()) {
+    check_scale(caller, scale, 1);
+    return;
+  }
+  const std::size_t q_heads = check_query(caller, query, keys);
+  const float resolved = check_scale(caller, scale, keys.head_dim());
+  if (s.max.size() != q_heads || check_state(caller, "s", s) != keys.head_dim())
+    refuse(caller, "s has max[" + str(s.max.size()) + "], acc[" + str(s.acc.size()) +
+                       "]; expected max[" + str(q_heads) + "], acc[" + str(query.size()) + "]");
+  simd::attend(problem_of(query, keys, values, resolved), from, to, state_of(s));
+}
+
+void merge(const softmax_state& into, const softmax_state& from) {
+  constexpr std::string_view caller = "ringkv::kernels::merge";
+  const std::size_t dim = check_state(caller, "into", into);
+  check_state(caller, "from", from);
+  if (from.max.size() != into.max.size() || from.acc.size() != into.acc.size())
+    refuse(caller, "into is [" + str(into.max.size()) + " heads, " + str(into.acc.size()) +
+                       " acc] but from is [" + str(from.max.size()) + " heads, " +
+                       str(from.acc.size()) + " acc]");
+  simd::merge(into.max.size(), dim, state_of(into), state_of(from));
+}
+
+void finish(const softmax_state& s, std::span<const float> sinks, std::span<float> out) {
+  constexpr std::string_view caller = "ringkv::kernels::finish";
+  const std::size_t dim = check_state(caller, "s", s);
+  if (out.size() != s.acc.size())
+    refuse(caller, "out has " + str(out.size()) + " floats but s.acc has " + str(s.acc.size()));
+  check_sinks(caller, sinks, s.max.size());
+  if (overlaps(out, sinks)) refuse(caller, "out overlaps sinks");
+  simd::finish(s.max.size(), dim, state_of(s), sinks.empty() ? nullptr : sinks.data(), out.data());
+}
+
+}  // namespace ringkv::kernels

@@ -1,0 +1,88 @@
+// Per-target helpers for reading a window's rows: partial vectors for a head_dim that is not a
+// whole number of vectors, the row loader (the one place an element type is read), and the walk
+// from absolute positions to rows across the window's runs.
+// Included once per Highway target by foreach_target.h (hence the toggling guard).
+#if defined(RINGKV_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RINGKV_ROWS_INL_H_
+#undef RINGKV_ROWS_INL_H_
+#else
+#define RINGKV_ROWS_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace ringkv::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+/// The first n (< Lanes) floats at p in the low lanes, zeros above; reads only those n floats.
+HWY_INLINE VF LoadPartial(DF d, const float* p, std::size_t n) {
+  HWY_ALIGN float lanes[hn::MaxLanes(DF())] = {};
+  std::memcpy(lanes, p, n * sizeof(float));
+  return hn::Load(d, lanes);
+}
+
+/// Writes the low n (< Lanes) lanes of v to p; touches nothing past p + n.
+HWY_INLINE void StorePartial(DF d, VF v, float* p, std::size_t n) {
+  HWY_ALIGN float lanes[hn::MaxLanes(DF())];
+  hn::Store(v, d, lanes);
+  std::memcpy(p, lanes, n * sizeof(float));
+}
+
+/// Reads K/V rows stored as T as f32 vectors. Kernels only ever read rows through this, so an
+/// f16/bf16 row type is one more specialisation (a half-width load and PromoteTo), with f32
+/// accumulation unchanged.
+template <class T>
+struct row_loader;
+
+template <>
+struct row_loader<float> {
+  /// Lanes(d) floats of `row` from element i.
+  static HWY_INLINE VF load(DF d, const std::byte* row, std::size_t i) {
+    return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
+  }
+  /// The row's last n (< Lanes) floats from element i, zeros above.
+  static HWY_INLINE VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
+    return LoadPartial(d, reinterpret_cast<const float*>(row) + i, n);
+  }
+};
+
+/// One past the newest position of the window.
+HWY_INLINE std::size_t WindowEnd(const window& w) {
+  return w.run_count ? w.runs[w.run_count - 1].first + w.runs[w.run_count - 1].count : 0;
+}
+
+/// The smallest window position >= p, or WindowEnd(w) when there is none (skips the gap after
+/// pinned positions without walking it); O(runs).
+HWY_INLINE std::size_t NextPosition(const window& w, std::size_t p) {
+  for (std::size_t r = 0; r < w.run_count; ++r)
+    if (p < w.runs[r].first + w.runs[r].count) return std::max(p, w.runs[r].first);
+  return WindowEnd(w);
+}
+
+/// Writes to rows[] the row of kv head h for each window position in [lo, hi), in position
+/// order, whichever run holds it; returns how many; O(runs + rows).
+HWY_INLINE std::size_t CollectRows(const window& w, std::size_t h, std::size_t lo, std::size_t hi,
+                                   const std::byte** rows) {
+  std::size_t n = 0;
+  for (std::size_t r = 0; r < w.run_count; ++r) {
+    const run& ru = w.runs[r];
+    const std::size_t b = std::max(lo, ru.first), e = std::min(hi, ru.first + ru.count);
+    const std::byte* head = ru.data + h * ru.head_stride;
+    for (std::size_t p = b; p < e; ++p) rows[n++] = head + (p - ru.first) * ru.position_stride;
+  }
+  return n;
+}
+
+}  // namespace ringkv::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // RINGKV_ROWS_INL_H_

@@ -1,0 +1,85 @@
+// The Highway kernels' entry points, declared without Highway. Only implementation units include
+// this header (DESIGN §2, §5): the module ringkv.kernels exports checked wrappers around them, so
+// no consumer ever compiles a Highway header. Arguments are trusted here (checked by the caller).
+//
+// Arithmetic contract (what makes the result independent of the ring's phase and of threads):
+// - a score is dot(query * scale, key row) over head_dim, with the same per-row arithmetic for
+//   every row, whichever run holds it;
+// - the online softmax advances one block of window positions at a time, blocks aligned to
+//   absolute multiples of block_positions: the block's scores, one max and rescale per block,
+//   exp of the block's scores (Highway vector Exp), the block's V rows summed, then folded into
+//   the state;
+// - decode computes a fresh partial state per segment (absolute multiples of segment_positions
+//   that hold window positions) and merges them left to right with merge(), so a thread pool
+//   that computes segments in parallel and merges in the same order gets the same bits.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace ringkv::simd {
+
+inline constexpr std::size_t block_positions = 16;
+inline constexpr std::size_t segment_positions = 1024;
+inline constexpr std::size_t max_runs = 3;
+// The kernels work on a stack scratch of this many floats: per query head of a chunk, its
+// scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
+inline constexpr std::size_t scratch_floats = 8192;
+inline constexpr std::size_t max_head_dim = 2048;
+
+/// Element type of K/V rows (only f32 has a kernel so far; f16/bf16 are promoted in registers).
+enum class element : std::uint8_t { f32, f16, bf16 };
+
+/// Window positions [first, first + count), rows of every head. Strides are in bytes.
+struct run {
+  const std::byte* data = nullptr;  // row (head 0, position first)
+  std::size_t head_stride = 0;      // bytes from a head's row to the next head's, same position
+  std::size_t position_stride = 0;  // bytes from a position's row to the next position's
+  std::size_t first = 0;            // absolute position of the first row
+  std::size_t count = 0;
+};
+
+/// A window [heads, positions, head_dim] as up to max_runs runs in increasing position order.
+struct window {
+  run runs[max_runs];
+  std::size_t run_count = 0;
+  element type = element::f32;
+};
+
+/// One decode problem. Query head q reads kv head q / (q_heads / kv_heads).
+struct problem {
+  const float* query = nullptr;  // [q_heads, head_dim]
+  window keys;                   // [kv_heads, positions, head_dim]
+  window values;                 // [kv_heads, positions, head_dim], the same positions as keys
+  std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;            // resolved (finite, > 0)
+};
+
+/// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores
+/// seen (−inf when none), `sum` = Σ exp(s − max), `acc` = Σ exp(s − max) · v. Its log-sum-exp is
+/// max + log(sum).
+struct state {
+  float* max = nullptr;  // [q_heads]
+  float* sum = nullptr;  // [q_heads]
+  float* acc = nullptr;  // [q_heads, head_dim]
+};
+
+/// Name of the target HWY_DYNAMIC_DISPATCH picks now ("AVX2", ...); O(1).
+const char* target_name();
+/// Σ a[i]·b[i] in f32; O(n).
+float dot(const float* a, const float* b, std::size_t n);
+/// Continues `s` over the window positions in [from, to) (blocks cut at `from`/`to` if they are
+/// not block-aligned); O(positions · q_heads · head_dim).
+void attend(const problem& p, std::size_t from, std::size_t to, const state& s);
+/// `into` ← the log-sum-exp merge of `into` (the earlier positions) and `from`; an empty side
+/// leaves the other unchanged bit for bit; O(q_heads · head_dim).
+void merge(std::size_t q_heads, std::size_t head_dim, const state& into, const state& from);
+/// out = acc / (sum + exp(sink − max)) per head (sinks may be null); zeros for a head that saw
+/// no position; O(q_heads · head_dim). `out` may be `s.acc`.
+void finish(std::size_t q_heads, std::size_t head_dim, const state& s, const float* sinks,
+            float* out);
+/// The whole decode step: per segment partial states merged left to right, normalised into
+/// `out` [q_heads, head_dim], which is also the running accumulator; O(window · q_heads ·
+/// head_dim), no allocation (stack scratch).
+void decode(const problem& p, const float* sinks, float* out);
+
+}  // namespace ringkv::simd

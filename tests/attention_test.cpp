@@ -1,0 +1,652 @@
+#define BOOST_TEST_MODULE attention
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+#include <range/v3/range/access.hpp>
+#include <range/v3/range/operations.hpp>
+
+#include "count_new.hpp"
+#include "hwy_targets.hpp"
+
+import ringkv;
+
+namespace kernels = ringkv::kernels;
+namespace trace = ringkv::trace;
+using ringkv::dtype;
+using ringkv::kv_run;
+using ringkv::tensor_view;
+using ringkv::windowed_attention;
+using ringkv::windowed_kv;
+using ringkv_test::for_each_target;
+
+namespace {
+
+// ---- inputs: every row a function of (kind, position, head, element) ----------------------
+
+enum class kind : std::uint64_t { key = 1, value = 2, query = 3, sink = 4 };
+
+float pseudo_random(std::uint64_t i) {  // splitmix64 → [-1, 1)
+  std::uint64_t z = i * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return float(double(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+/// Element i of head h's row at absolute position p, the same in every cache that holds p.
+float element(kind k, std::size_t p, std::size_t h, std::size_t i) {
+  return pseudo_random(((std::uint64_t(k) * 1000003 + p) * 1009 + h) * 4099 + i);
+}
+
+/// A query of q_heads rows; `spread` scales it so scores range over several units.
+std::vector<float> make_query(std::size_t q_heads, std::size_t head_dim, std::size_t seed,
+                              float spread = 4.0f) {
+  std::vector<float> q(q_heads * head_dim);
+  for (std::size_t h = 0; h < q_heads; ++h)
+    for (std::size_t i = 0; i < head_dim; ++i)
+      q[h * head_dim + i] = spread * element(kind::query, seed, h, i);
+  return q;
+}
+
+std::vector<float> make_sinks(std::size_t q_heads) {
+  std::vector<float> s(q_heads);
+  for (std::size_t h = 0; h < q_heads; ++h) s[h] = 2.0f * element(kind::sink, 0, h, 0);
+  return s;
+}
+
+// ---- a hand-made layer laid out as the store lays it out ------------------------------------
+
+/// K and V of one layer as [kv_heads][capacity][head_dim] each (head stride capacity·head_dim):
+/// the first `keep` slots pinned to positions 0 … keep−1, the others a ring with
+/// slot = keep + (p − keep) mod (capacity − keep). Windows are handed out as the runs they
+/// physically are, as the store will.
+class ring_fixture {
+ public:
+  ring_fixture(std::size_t kv_heads, std::size_t head_dim, std::size_t capacity,
+               std::size_t keep = 0)
+      : kv_heads_(kv_heads), head_dim_(head_dim), capacity_(capacity), keep_(keep),
+        k_(kv_heads * capacity * head_dim), v_(kv_heads * capacity * head_dim) {}
+
+  /// Writes positions [length(), length) (no allocation).
+  void append_until(std::size_t length) {
+    for (; length_ < length; ++length_)
+      for (std::size_t h = 0; h < kv_heads_; ++h)
+        for (std::size_t i = 0; i < head_dim_; ++i) {
+          row(kind::key, length_, h)[i] = element(kind::key, length_, h, i);
+          row(kind::value, length_, h)[i] = element(kind::value, length_, h, i);
+        }
+  }
+  std::size_t length() const { return length_; }
+  /// The oldest ring position still held.
+  std::size_t oldest() const { return std::max(keep_, length_ - std::min(length_, capacity_ - keep_)); }
+  bool wraps() const { return length_ > capacity_; }
+
+  float* row(kind k, std::size_t p, std::size_t h) {
+    return (k == kind::key ? k_ : v_).data() + (h * capacity_ + slot(p)) * head_dim_;
+  }
+  /// Positions [from, to) (plus the pinned positions before them when `pinned`).
+  windowed_kv keys(std::size_t from, std::size_t to, bool pinned = false) {
+    return window(k_, from, to, pinned);
+  }
+  windowed_kv values(std::size_t from, std::size_t to, bool pinned = false) {
+    return window(v_, from, to, pinned);
+  }
+
+ private:
+  std::size_t slot(std::size_t p) const {
+    return p < keep_ ? p : keep_ + (p - keep_) % (capacity_ - keep_);
+  }
+  tensor_view slots(std::vector<float>& buf, std::size_t first, std::size_t count) {
+    return tensor_view(reinterpret_cast<std::byte*>(buf.data() + first * head_dim_), dtype::f32,
+                       kv_heads_, count, head_dim_, capacity_ * head_dim_, head_dim_);
+  }
+  windowed_kv window(std::vector<float>& buf, std::size_t from, std::size_t to, bool pinned) {
+    BOOST_REQUIRE(from <= to);
+    BOOST_REQUIRE(to <= length_);
+    std::array<kv_run, 3> runs{};
+    std::size_t n = 0;
+    if (pinned) {
+      BOOST_REQUIRE(from >= keep_);
+      if (keep_ > 0) runs[n++] = {slots(buf, 0, keep_), 0};
+    } else if (from < keep_) {
+      runs[n++] = {slots(buf, from, std::min(to, keep_) - from), from};
+    }
+    const std::size_t lo = std::max(from, keep_);
+    if (lo < to) {
+      BOOST_REQUIRE(lo >= oldest());
+      const std::size_t s = slot(lo), first = std::min(to - lo, capacity_ - s);
+      runs[n++] = {slots(buf, s, first), lo};
+      if (first < to - lo) runs[n++] = {slots(buf, keep_, to - lo - first), lo + first};
+    }
+    return windowed_kv(std::span<const kv_run>(runs.data(), n));
+  }
+
+  std::size_t kv_heads_, head_dim_, capacity_, keep_;
+  std::vector<float> k_, v_;  // [kv_heads, capacity, head_dim] each
+  std::size_t length_ = 0;
+};
+
+// ---- the reference: plain double-precision attention ----------------------------------------
+
+/// Plain double-precision attention of one query, rows read from element() (not from any
+/// cache). add(p) puts position p in the window (in any order); out() and magnitude() are then
+/// softmax(scale · q·k (+ sink in the denominator)) · v over the positions added so far, and the
+/// same sum over |v| (the scale of each output element, for relative errors). Exponents are
+/// shifted by a per-head bound on every score, c = scale · Σ|q_i| (|k_i| <= 1), so adding
+/// positions never rescales anything and a sweep over W costs one row per W.
+class reference_attention {
+ public:
+  reference_attention(const std::vector<float>& query, std::size_t kv_heads, std::size_t head_dim,
+                      double scale, const std::vector<float>& sinks)
+      : query_(query), kv_heads_(kv_heads), dim_(head_dim), scale_(scale), sinks_(sinks),
+        shift_(query.size() / head_dim), numerator_(query.size()), absolute_(query.size()),
+        denominator_(query.size() / head_dim), k_(head_dim), v_(head_dim) {
+    for (std::size_t h = 0; h < shift_.size(); ++h) {
+      for (std::size_t i = 0; i < dim_; ++i) shift_[h] += std::abs(double(query_[h * dim_ + i]));
+      shift_[h] *= scale_;
+      if (!sinks_.empty()) denominator_[h] = std::exp(double(sinks_[h]) - shift_[h]);
+    }
+  }
+
+  void add(std::size_t p) {
+    const std::size_t q_heads = shift_.size(), group = q_heads / kv_heads_;
+    for (std::size_t kv = 0; kv < kv_heads_; ++kv) {
+      for (std::size_t i = 0; i < dim_; ++i) {
+        k_[i] = element(kind::key, p, kv, i);
+        v_[i] = element(kind::value, p, kv, i);
+      }
+      for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
+        double dot = 0;
+        for (std::size_t i = 0; i < dim_; ++i) dot += double(query_[h * dim_ + i]) * k_[i];
+        const double w = std::exp(scale_ * dot - shift_[h]);
+        denominator_[h] += w;
+        for (std::size_t i = 0; i < dim_; ++i) {
+          numerator_[h * dim_ + i] += w * v_[i];
+          absolute_[h * dim_ + i] += w * std::abs(v_[i]);
+        }
+      }
+    }
+  }
+  void add(std::size_t from, std::size_t to) {
+    for (std::size_t p = from; p < to; ++p) add(p);
+  }
+
+  /// Largest |out − reference| relative to the magnitude of the weighted sum it approximates.
+  double relative_error(const std::vector<float>& out) const {
+    double worst = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const double d = denominator_[i / dim_];
+      worst = std::max(worst, std::abs(double(out[i]) - numerator_[i] / d) / (absolute_[i] / d));
+    }
+    return worst;
+  }
+
+ private:
+  std::vector<float> query_;
+  std::size_t kv_heads_, dim_;
+  double scale_;
+  std::vector<float> sinks_;
+  std::vector<double> shift_;        // [q_heads]
+  std::vector<double> numerator_;    // [q_heads, head_dim] Σ w_j v_j
+  std::vector<double> absolute_;     // [q_heads, head_dim] Σ w_j |v_j|
+  std::vector<double> denominator_;  // [q_heads] Σ w_j (+ the sink's weight)
+  std::vector<double> k_, v_;        // [head_dim] the rows of the position being added
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <class E>
+bool mentions(const E& e, const char* word) {
+  return std::string(e.what()).find(word) != std::string::npos;
+}
+
+struct heads {
+  std::size_t q, kv;
+};
+constexpr std::array<heads, 4> head_shapes{{{1, 1}, {8, 8}, {8, 2}, {32, 8}}};
+constexpr std::array<std::size_t, 5> head_dims{3, 64, 96, 128, 256};
+
+/// Worst error per target over a test, reported at the end.
+struct error_log {
+  std::map<std::string, double> worst;
+  void add(const char* target, double e) { worst[target] = std::max(worst[target], e); }
+  void report(const char* what) const {
+    for (const auto& [target, e] : worst)
+      BOOST_TEST_MESSAGE(what << ": max relative error " << e << " on " << target);
+  }
+};
+
+}  // namespace
+
+// ---- accuracy ---------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_window_1_to_300) {
+  // A ring of 320 slots that has wrapped (positions 680 … 999 held, slot 0 holds 960): windows
+  // of the newest W positions, for W = 1 … 300, wrap or not depending on W.
+  const windowed_attention attention;
+  error_log errors;
+  for (const heads& hs : head_shapes)
+    for (std::size_t dim : head_dims) {
+      ring_fixture ring(hs.kv, dim, 320);
+      ring.append_until(1000);
+      const auto query = make_query(hs.q, dim, dim);
+      const auto sinks = hs.kv == 2 ? make_sinks(hs.q) : std::vector<float>{};
+      std::vector<float> out(query.size());
+      reference_attention ref(query, hs.kv, dim, 1 / std::sqrt(double(dim)), sinks);
+      for (std::size_t w = 1; w <= 300; ++w) {
+        ref.add(1000 - w);
+        const windowed_kv k = ring.keys(1000 - w, 1000), v = ring.values(1000 - w, 1000);
+        for_each_target([&](const char* target) {
+          attention.decode_step(query, k, v, out, 0.0f, sinks);
+          const double e = ref.relative_error(out);
+          errors.add(target, e);
+          BOOST_TEST(e <= 2e-6, target << " D " << dim << " heads " << hs.q << "/" << hs.kv << " W " << w);
+        });
+      }
+    }
+  errors.report("W 1..300");
+}
+
+BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
+  const windowed_attention attention;
+  error_log errors;
+  for (const heads& hs : head_shapes)
+    for (std::size_t dim : head_dims) {
+      ring_fixture ring(hs.kv, dim, 4100);
+      ring.append_until(4500);  // slot 0 holds position 4100: the window wraps
+      const auto query = make_query(hs.q, dim, dim + 1);
+      const auto sinks = hs.q == 32 ? make_sinks(hs.q) : std::vector<float>{};
+      reference_attention ref(query, hs.kv, dim, 1 / std::sqrt(double(dim)), sinks);
+      ref.add(4500 - 4096, 4500);
+      const windowed_kv k = ring.keys(4500 - 4096, 4500), v = ring.values(4500 - 4096, 4500);
+      BOOST_REQUIRE(k.wrapped());
+      std::vector<float> out(query.size());
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, k, v, out, 0.0f, sinks);
+        const double e = ref.relative_error(out);
+        errors.add(target, e);
+        BOOST_TEST(e <= 2e-6, target << " D " << dim << " heads " << hs.q << "/" << hs.kv);
+      });
+    }
+  errors.report("W 4096");
+}
+
+BOOST_AUTO_TEST_CASE(an_explicit_scale_and_a_pinned_window_match_the_reference) {
+  // Pinned positions 0 … 3, then the ring: windows of three runs with a gap after the pins.
+  const windowed_attention attention;
+  ring_fixture ring(2, 64, 100, 4);
+  ring.append_until(500);
+  const auto query = make_query(8, 64, 7, 1.0f);
+  reference_attention ref(query, 2, 64, 0.3, {});
+  ref.add(0, 4);
+  ref.add(440, 500);
+  const windowed_kv k = ring.keys(440, 500, true), v = ring.values(440, 500, true);
+  BOOST_REQUIRE(k.runs().size() == 3u);
+  std::vector<float> out(query.size());
+  for_each_target([&](const char* target) {
+    attention.decode_step(query, k, v, out, 0.3f);
+    BOOST_TEST(ref.relative_error(out) <= 2e-6, target);
+  });
+}
+
+// ---- the window rule ------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
+  // The rows just outside the window — position p − W (adjacent in memory, still held) and the
+  // slot after p (holding the oldest position) — get keys that would take the whole softmax and
+  // values far from the others. The output must equal the reference over p − W + 1 … p.
+  constexpr std::size_t dim = 32, capacity = 64, w = 20;
+  const windowed_attention attention;
+  ring_fixture ring(1, dim, capacity);
+  ring.append_until(200);
+  const std::size_t p = 199;
+  const auto query = make_query(1, dim, 3);
+  for (std::size_t outside : {p - w, ring.oldest()})
+    for (std::size_t i = 0; i < dim; ++i) {
+      ring.row(kind::key, outside, 0)[i] = 50.0f * query[i];
+      ring.row(kind::value, outside, 0)[i] = 1000.0f;
+    }
+  reference_attention inside(query, 1, dim, 1 / std::sqrt(double(dim)), {});
+  inside.add(p - w + 1, p + 1);
+  std::vector<float> out(dim);
+  attention.decode_step(query, ring.keys(p - w + 1, p + 1), ring.values(p - w + 1, p + 1), out);
+  BOOST_TEST(inside.relative_error(out) <= 2e-6);
+  for (float x : out) BOOST_TEST(std::abs(x) < 2.0f);  // one outside row would make it ≈ 1000
+
+  // And the rule is not vacuous: one more position (p − W) changes the answer completely.
+  attention.decode_step(query, ring.keys(p - w, p + 1), ring.values(p - w, p + 1), out);
+  for (float x : out) BOOST_TEST(x > 900.0f);
+}
+
+// ---- determinism (M2-A4) ----------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
+  // A capacity-37 ring after several laps against a cache that holds every position in one run:
+  // for each of the 37 wrap points and several W (within one block, across blocks, the whole
+  // ring), the outputs are equal bit for bit, on every target.
+  constexpr std::size_t kv = 2, q = 8, dim = 40;  // 40: a partial last vector on every target
+  const windowed_attention attention;
+  ring_fixture flat(kv, dim, 37 * 6);
+  flat.append_until(37 * 6);
+  ring_fixture ring(kv, dim, 37);
+  const auto query = make_query(q, dim, 11);
+  const auto sinks = make_sinks(q);
+  std::vector<float> a(q * dim), b(q * dim);
+  std::size_t wrapped = 0, compared = 0;
+  for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
+    ring.append_until(end);
+    for (std::size_t w : {1, 5, 16, 17, 30, 33, 37}) {
+      const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
+      const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
+      BOOST_REQUIRE(!fk.wrapped());
+      wrapped += rk.wrapped();
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, rk, rv, a, 0.0f, sinks);
+        attention.decode_step(query, fk, fv, b, 0.0f, sinks);
+        BOOST_TEST(same_bits(a, b), target << " end " << end << " W " << w);
+        ++compared;
+      });
+    }
+  }
+  BOOST_TEST(wrapped > 100u);  // most windows straddle the ring's end
+  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
+}
+
+BOOST_AUTO_TEST_CASE(a_pinned_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits) {
+  // keep = 3 pinned positions: three runs (pins, ring head, ring tail) against two runs of a flat
+  // cache holding the same positions.
+  constexpr std::size_t kv = 1, q = 4, dim = 16;
+  const windowed_attention attention;
+  ring_fixture flat(kv, dim, 400, 3);
+  flat.append_until(400);
+  ring_fixture ring(kv, dim, 40, 3);
+  const auto query = make_query(q, dim, 12);
+  std::vector<float> a(q * dim), b(q * dim);
+  for (std::size_t end = 200; end < 237; ++end) {
+    ring.append_until(end);
+    for (std::size_t w : {1, 14, 37}) {
+      const windowed_kv rk = ring.keys(end - w, end, true), rv = ring.values(end - w, end, true);
+      const windowed_kv fk = flat.keys(end - w, end, true), fv = flat.values(end - w, end, true);
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, rk, rv, a);
+        attention.decode_step(query, fk, fv, b);
+        BOOST_TEST(same_bits(a, b), target << " end " << end << " W " << w);
+      });
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_right) {
+  // What a thread pool will do: one fresh state per 1024-position segment (any order), merged
+  // left to right, then finished. Also: attend split at block multiples equals one call.
+  constexpr std::size_t kv = 2, q = 8, dim = 64, seg = kernels::segment_positions;
+  const windowed_attention attention;
+  ring_fixture ring(kv, dim, 3000);
+  ring.append_until(7000);
+  const std::size_t from = 7000 - 2900, to = 7000;  // segments 4 (partial), 5, 6 (partial)
+  const windowed_kv k = ring.keys(from, to), v = ring.values(from, to);
+  BOOST_REQUIRE(k.wrapped());
+  const auto query = make_query(q, dim, 13);
+  const auto sinks = make_sinks(q);
+  std::vector<float> expected(q * dim), got(q * dim);
+  struct state {
+    std::vector<float> max, sum, acc;
+    kernels::softmax_state view() { return {max, sum, acc}; }
+  };
+  auto fresh = [&] { return state{std::vector<float>(q), std::vector<float>(q), std::vector<float>(q * dim)}; };
+  for_each_target([&](const char* target) {
+    attention.decode_step(query, k, v, expected, 0.0f, sinks);
+    std::vector<state> parts;
+    for (std::size_t s = from / seg; s * seg < to; ++s) parts.push_back(fresh());
+    for (std::size_t i = parts.size(); i-- > 0;) {  // computed last segment first
+      kernels::clear(parts[i].view());
+      const std::size_t s = from / seg + i;
+      kernels::attend(query, k, v, 0.0f, s * seg, (s + 1) * seg, parts[i].view());
+    }
+    for (std::size_t i = 1; i < parts.size(); ++i) kernels::merge(parts[0].view(), parts[i].view());
+    kernels::finish(parts[0].view(), sinks, got);
+    BOOST_TEST(same_bits(got, expected), target);
+
+    state one = fresh(), split = fresh();
+    kernels::clear(one.view());
+    kernels::clear(split.view());
+    kernels::attend(query, k, v, 0.0f, 4096, 5120, one.view());
+    for (std::size_t p = 4096; p < 5120; p += 7 * kernels::block_positions)
+      kernels::attend(query, k, v, 0.0f, p, std::min<std::size_t>(p + 7 * kernels::block_positions, 5120), split.view());
+    BOOST_TEST(same_bits(one.acc, split.acc), target);
+    BOOST_TEST(same_bits(one.sum, split.sum), target);
+  });
+}
+
+BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
+  // GQA: query head h of 8 reads kv head h / 4 of 2; the result for each head equals, bit for
+  // bit, a 1/1 decode of that head against that kv head's rows.
+  constexpr std::size_t kv = 2, q = 8, dim = 24;
+  const windowed_attention attention;
+  ring_fixture ring(kv, dim, 50);
+  ring.append_until(120);
+  const auto query = make_query(q, dim, 14);
+  std::vector<float> all(q * dim), one(dim);
+  const windowed_kv k = ring.keys(80, 120), v = ring.values(80, 120);
+  attention.decode_step(query, k, v, all);
+  for (std::size_t h = 0; h < q; ++h) {
+    std::array<kv_run, 3> kr{}, vr{};
+    for (std::size_t r = 0; r < k.runs().size(); ++r) {
+      auto head_of = [&](const tensor_view& t) {
+        return tensor_view(t.row_bytes(h / (q / kv), 0), t.type(), 1, t.positions(), dim,
+                           t.head_stride(), t.position_stride());
+      };
+      kr[r] = {head_of(k.runs()[r]), k.run_first_position(r)};
+      vr[r] = {head_of(v.runs()[r]), v.run_first_position(r)};
+    }
+    const windowed_kv kh(std::span<const kv_run>(kr.data(), k.runs().size()));
+    const windowed_kv vh(std::span<const kv_run>(vr.data(), v.runs().size()));
+    attention.decode_step(std::span(query).subspan(h * dim, dim), kh, vh, one);
+    BOOST_TEST(std::memcmp(one.data(), all.data() + h * dim, dim * sizeof(float)) == 0, "head " << h);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scale_zero_means_one_over_sqrt_head_dim) {
+  const windowed_attention attention;
+  ring_fixture ring(1, 49, 30);
+  ring.append_until(30);
+  const auto query = make_query(2, 49, 15);
+  std::vector<float> a(98), b(98);
+  attention.decode_step(query, ring.keys(0, 30), ring.values(0, 30), a, 0.0f);
+  attention.decode_step(query, ring.keys(0, 30), ring.values(0, 30), b, 1.0f / 7.0f);
+  BOOST_TEST(same_bits(a, b));
+}
+
+// ---- the gather path --------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_gather_path_agrees_bit_for_bit_and_prices_two_adapters) {
+  constexpr std::size_t kv = 2, q = 8, dim = 64, w = 100;
+  trace::recorder rec(64);
+  const windowed_attention attention(ringkv::attention_options{.sink = &rec});
+  ring_fixture ring(kv, dim, 128);
+  ring.append_until(300);
+  const windowed_kv k = ring.keys(300 - w, 300), v = ring.values(300 - w, 300);
+  BOOST_REQUIRE(k.wrapped());
+  const auto query = make_query(q, dim, 16);
+  std::vector<float> pair(q * dim), gathered(q * dim);
+  ringkv::scope arena(1 << 20, rec);
+  for_each_target([&](const char* target) {
+    rec.clear();
+    attention.decode_step(query, k, v, pair);
+    BOOST_TEST(rec.emitted() == 0u);
+    attention.decode_step_gathered(query, k, v, gathered, arena);
+    BOOST_TEST(same_bits(pair, gathered), target);
+    std::vector<trace::adapter_inserted> adapters;
+    for (const auto& a : rec.of<trace::adapter_inserted>()) adapters.push_back(a);
+    BOOST_REQUIRE(adapters.size() == 2u);
+    BOOST_TEST(adapters[0].target == "keys");
+    BOOST_TEST(adapters[1].target == "values");
+    for (const auto& a : adapters) {
+      BOOST_TEST(a.kind == "gather-kv-window");
+      BOOST_TEST(a.bytes == kv * w * dim * sizeof(float));
+    }
+    BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+    arena.reset();
+  });
+}
+
+// ---- no allocation, and the kernel_run trace ------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(sixteen_decode_steps_over_a_wrapped_ring_allocate_and_copy_nothing) {
+  constexpr std::size_t kv = 2, q = 8, dim = 64, w = 50;
+  trace::recorder rec(64);
+  const windowed_attention attention(ringkv::attention_options{.sink = &rec});
+  ring_fixture ring(kv, dim, 64);
+  ring.append_until(200);
+  const auto query = make_query(q, dim, 17);
+  const auto sinks = make_sinks(q);
+  std::vector<float> out(q * dim);
+  rec.clear();
+  std::size_t wrapped = 0;
+  const ringkv_test::new_counter counter;
+  for (std::size_t step = 0; step < 16; ++step) {
+    ring.append_until(ring.length() + 1);
+    const windowed_kv k = ring.keys(ring.length() - w, ring.length());
+    const windowed_kv v = ring.values(ring.length() - w, ring.length());
+    wrapped += k.wrapped();
+    attention.decode_step(query, k, v, out, 0.0f, sinks);
+  }
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(wrapped > 0u);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
+  BOOST_TEST(rec.emitted() == 0u);  // the sink does not want kernel runs
+}
+
+BOOST_AUTO_TEST_CASE(a_sink_that_wants_kernel_runs_gets_one_per_call_with_its_bytes) {
+  constexpr std::size_t kv = 2, q = 8, dim = 32, w = 40;
+  trace::recorder rec(64, /*kernel_runs=*/true);
+  const windowed_attention attention(ringkv::attention_options{.sink = &rec});
+  ring_fixture ring(kv, dim, 64);
+  ring.append_until(100);
+  const auto query = make_query(q, dim, 18);
+  std::vector<float> out(q * dim);
+  const ringkv_test::new_counter counter;
+  for (int step = 0; step < 3; ++step)
+    attention.decode_step(query, ring.keys(100 - w, 100), ring.values(100 - w, 100), out);
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(rec.emitted() == 3u);
+  const std::size_t kv_bytes = 2 * kv * w * dim * sizeof(float);
+  for (const auto& run : rec.of<trace::kernel_run>()) {
+    BOOST_TEST(run.kernel == "attention.decode_step");
+    BOOST_TEST(run.bytes_read == kv_bytes + q * dim * sizeof(float));
+    BOOST_TEST(run.bytes_written == q * dim * sizeof(float));
+    BOOST_TEST(run.nanos >= 0);
+  }
+}
+
+// ---- refusals -------------------------------------------------------------------------------
+
+namespace {
+/// Valid arguments for a decode of 4 query heads over 2 kv heads of head_dim 8, W 20, with
+/// buffers for windows that break one rule each.
+struct bad_inputs {
+  ring_fixture ring{2, 8, 32};
+  ring_fixture other_heads{1, 8, 32}, other_dim{2, 4, 32}, pinned{2, 8, 64, 2};
+  std::vector<std::uint16_t> halves = std::vector<std::uint16_t>(2 * 32 * 8);
+  std::vector<float> wide = std::vector<float>(2 * 20 * (kernels::max_head_dim + 1));
+  std::vector<float> query = make_query(4, 8, 19);
+  std::vector<float> out = std::vector<float>(32, 7.0f);
+  bad_inputs() {
+    for (ring_fixture* r : {&ring, &other_heads, &other_dim, &pinned}) r->append_until(40);
+  }
+  windowed_kv k() { return ring.keys(20, 40); }
+  windowed_kv v() { return ring.values(20, 40); }
+  windowed_kv f16() {
+    return windowed_kv(tensor_view::contiguous(reinterpret_cast<std::byte*>(halves.data()),
+                                               dtype::f16, 2, 20, 8),
+                       20);
+  }
+  windowed_kv too_wide() {
+    return windowed_kv(tensor_view::contiguous(reinterpret_cast<std::byte*>(wide.data()), dtype::f32,
+                                               2, 20, kernels::max_head_dim + 1),
+                       20);
+  }
+};
+
+/// Calls `call` (which must throw std::invalid_argument naming every word), then checks `out`
+/// still holds its sentinel.
+template <class Call>
+void refused(bad_inputs& in, Call call, std::initializer_list<const char*> words) {
+  BOOST_CHECK_EXCEPTION(call(), std::invalid_argument, [&](const std::invalid_argument& e) {
+    bool all = true;
+    for (const char* w : words) all = all && mentions(e, w);
+    if (!all) BOOST_TEST_MESSAGE("message was: " << e.what());
+    return all;
+  });
+  for (float x : in.out) BOOST_REQUIRE(x == 7.0f);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(each_bad_argument_is_refused_by_name_with_out_untouched) {
+  bad_inputs in;
+  const windowed_attention a;
+  ringkv::scope arena(1 << 16);
+  const std::vector<float> nan_sink = {0, 0, std::nanf(""), 0}, three_sinks = {0, 0, 0};
+  for (bool gathered : {false, true}) {
+    BOOST_TEST_CONTEXT("gathered " << gathered) {
+      auto step = [&](std::span<const float> q, const windowed_kv& k, const windowed_kv& v,
+                      std::span<float> out, float scale = 0.0f, std::span<const float> sinks = {}) {
+        if (gathered)
+          a.decode_step_gathered(q, k, v, out, arena, scale, sinks);
+        else
+          a.decode_step(q, k, v, out, scale, sinks);
+      };
+      const std::string_view name = gathered ? "decode_step_gathered" : "decode_step";
+      refused(in, [&] { step(in.query, windowed_kv(), windowed_kv(), in.out); }, {name.data(), "window is empty"});
+      refused(in, [&] { step(in.query, in.k(), in.ring.values(21, 40), in.out); }, {"keys hold 20", "values hold 19"});
+      refused(in, [&] { step(in.query, in.k(), in.ring.values(19, 39), in.out); }, {"keys start at position 20", "values start at 19"});
+      refused(in, [&] { step(in.query, in.pinned.keys(22, 40, true), in.pinned.values(20, 40), in.out); },
+              {"values start at 20"});
+      refused(in, [&] { step(in.query, in.k(), in.other_heads.values(20, 40), in.out); }, {"keys are [2 heads", "values are [1 heads"});
+      refused(in, [&] { step(in.query, in.k(), in.other_dim.values(20, 40), in.out); }, {"head_dim 8", "head_dim 4"});
+      refused(in, [&] { step(in.query, in.k(), in.f16(), in.out); }, {"keys are f32", "values are f16"});
+      refused(in, [&] { step(in.query, in.f16(), in.f16(), in.out); }, {"f16", "only f32"});
+      refused(in, [&] { step(in.query, in.too_wide(), in.too_wide(), in.out); }, {"head_dim 2049", "max_head_dim 2048"});
+      refused(in, [&] { step(std::span(in.query).first(30), in.k(), in.v(), std::span(in.out).first(30)); },
+              {"query has 30 floats", "multiple of head_dim 8"});
+      refused(in, [&] { step(std::span(in.query).first(24), in.k(), in.v(), std::span(in.out).first(24)); },
+              {"q_heads 3", "multiple of kv_heads 2"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), std::span(in.out).first(24)); }, {"out has 24", "query has 32"});
+      refused(in, [&] { step(std::span(in.out).first(32), in.k(), in.v(), in.out); }, {"out overlaps query"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, three_sinks); }, {"sinks has 3", "q_heads = 4"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, nan_sink); }, {"sinks[2] is NaN"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, -1.0f); }, {"scale -1", "finite and >= 0"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, std::nanf("")); }, {"scale nan"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, INFINITY); }, {"scale inf"});
+      BOOST_TEST(arena.live() == 0u);  // the gather path refuses before copying
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(windows_with_the_same_length_and_start_but_other_positions_are_refused) {
+  // Same length and first position is not enough: the positions themselves must agree.
+  bad_inputs in;
+  const windowed_attention a;
+  const windowed_kv k = in.pinned.keys(22, 40, true);  // [0, 2) + [22, 40)
+  const windowed_kv v = in.pinned.values(22, 40, true);
+  std::array<kv_run, 3> same_len{{{v.runs()[0], 0}, {v.runs()[1].slice(0, 1), 22}, {v.runs()[1].slice(1, 17), 24}}};
+  const windowed_kv other(std::span<const kv_run>(same_len.data(), 3));  // [0,2) + [22,23) + [24,41)
+  BOOST_REQUIRE(other.length() == k.length());
+  refused(in, [&] { a.decode_step(in.query, k, other, in.out); },
+          {"keys cover positions [0, 2) + [22, 40)", "values cover [0, 2) + [22, 23) + [24, 41)"});
+}
