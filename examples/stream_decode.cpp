@@ -147,14 +147,10 @@ struct layer {
   }
 };
 
-std::size_t count_allocations(const ringkv::trace::recorder& r) {
+template <class Event>
+std::size_t count(const ringkv::trace::recorder& r) {
   std::size_t n = 0;
-  for (const auto& a : r.of<ringkv::trace::allocation>()) n += a.bytes > 0;
-  return n;
-}
-std::size_t count_adapters(const ringkv::trace::recorder& r) {
-  std::size_t n = 0;
-  for (const auto& a : r.of<ringkv::trace::adapter_inserted>()) n += a.bytes > 0;
+  for ([[maybe_unused]] const Event& e : r.of<Event>()) ++n;
   return n;
 }
 }  // namespace
@@ -188,21 +184,25 @@ int main(int argc, char** argv) {
   std::uint64_t allocations_before = 0, adapters_before = 0;
   const auto start = std::chrono::steady_clock::now();
   auto warm = start;
-  const std::size_t report_every = std::max<std::size_t>(1, s.tokens / 8);
+  // Not a multiple of the window, so the lines catch the rings at different phases.
+  const std::size_t report_every = std::max<std::size_t>(1, s.tokens / 10);
   for (std::size_t t = 0; t < s.tokens; ++t) {
     for (auto& L : layers) L->forward(x, h, o, t);
     rms_norm(x, h);  // the output, normalised, is the next input
     x.assign(h.begin(), h.end());
     if (t == 0) {  // warm-up: every stream has made its first step
       warm = std::chrono::steady_clock::now();
-      allocations_before = count_allocations(rec);
-      adapters_before = count_adapters(rec);
+      allocations_before = count<ringkv::trace::allocation>(rec);
+      adapters_before = count<ringkv::trace::adapter_inserted>(rec);
     }
     if ((t + 1) % report_every == 0 || t + 1 == s.tokens) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const auto& st = *layers[0]->store;
-      std::printf("  token %5zu  %8.0f tok/s  layer 0 holds [%zu, %zu)  ring phase %zu/%zu\n",
+      const auto window = st.key_window(0, st.window_start(0), st.length(0));
+      std::printf("  token %5zu  %8.0f tok/s  layer 0 holds [%zu, %zu) as %zu run%s  "
+                  "ring phase %zu/%zu\n",
                   t + 1, double(t + 1) / secs, st.window_start(0), st.length(0),
+                  window.runs().size(), window.runs().size() == 1 ? "" : "s",
                   st.length(0) % st.config().capacity, st.config().capacity);
     }
   }
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   std::printf("summary: %zu tokens in %.3f s (%.0f tok/s after warm-up)\n", s.tokens, secs,
               s.tokens > 1 ? double(s.tokens - 1) / steady : 0.0);
   std::printf("summary: allocations after warm-up: %zu, adapters after warm-up: %zu\n",
-              count_allocations(rec) - allocations_before, count_adapters(rec) - adapters_before);
+              count<ringkv::trace::allocation>(rec) - allocations_before, count<ringkv::trace::adapter_inserted>(rec) - adapters_before);
   std::printf("summary: KV bytes held: %zu\n", held);
   std::printf("summary: last row of the last layer starts %.6f %.6f %.6f %.6f\n", last[0],
               last[1], last[2], last[3]);
