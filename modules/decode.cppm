@@ -1,6 +1,7 @@
 // ringkv.decode — the user-facing stream: one output row per token, appended to and attended
 // over a (ring) store through its zero-copy windows, as a coroutine generator.
 module;
+#include <coroutine>
 #include <cstddef>
 #include <functional>
 #include <span>
