@@ -15,6 +15,7 @@ set(RINGKV_SOURCES
   src/tensor.cpp
   src/window.cpp
   src/store.cpp
+  src/store_slotted.cpp
   src/store_default.cpp
   src/simd.cpp
   src/kernels.cpp

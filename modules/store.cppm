@@ -7,6 +7,7 @@ module;
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 export module ringkv.store;
 export import ringkv.window;
@@ -138,6 +139,9 @@ class kv_cache_store {
   /// The positions of the window [from, to) plus its sinks, as at most two ranges in order (one
   /// when from <= keep, since the sinks then continue into the window); O(1).
   std::array<position_range, 2> window_positions(std::size_t from, std::size_t to) const;
+  /// The adapter kind the defaulted windows announce their copy as ("copy-kv-window"); a store
+  /// whose rows are decoded on the way out says so ("dequantize-kv-window").
+  virtual std::string_view copy_kind() const noexcept { return "copy-kv-window"; }
 
  private:
   windowed_kv copied_window(kv_side side, std::size_t layer, std::size_t from, std::size_t to,
@@ -146,12 +150,93 @@ class kv_cache_store {
   trace::sink* sink_;
 };
 
+/// The position bookkeeping of a store that keeps each layer's positions in `capacity` slots,
+/// dense or a ring: per-layer length and window_start, the slot rule (position p < keep in slot
+/// p, p >= keep in slot keep + (p - keep) mod (capacity - keep)), append's refusals, truncate's
+/// rule, clear, and the slot runs a window covers. A derived store owns the buffers: it writes
+/// a row at prepare_append's slot, then commit_append()s, and reads rows at the slots of
+/// add_slots / window_slots.
+class slotted_kv_cache_store : public kv_cache_store {
+ public:
+  /// Consecutive positions in consecutive slots.
+  struct slot_run {
+    std::size_t first_position = 0;
+    std::size_t slot = 0;
+    std::size_t count = 0;
+  };
+  /// At most max_runs slot runs in position order (pinned sinks, ring head, ring tail).
+  struct slot_runs {
+    std::array<slot_run, windowed_kv::max_runs> runs{};
+    std::size_t count = 0;
+    std::span<const slot_run> view() const noexcept { return {runs.data(), count}; }
+  };
+
+  std::size_t length(std::size_t layer) const override;
+  std::size_t window_start(std::size_t layer) const override;
+  kv_cache_config config() const override { return config_; }
+  store_options options() const override { return options_; }
+  /// A ring needs positions max(keep, new_length + keep + 1 - W) .. new_length - 1 still held
+  /// (the next token's window); otherwise any new_length <= length; O(1).
+  void truncate(std::size_t layer, std::size_t new_length) override;
+  void clear() noexcept override;
+  void clear(std::size_t layer) override;
+
+  /// The slot position `position` occupies (not a claim that it is held); O(1).
+  std::size_t slot_of(std::size_t position) const noexcept;
+
+ protected:
+  /// Validates config and options (std::invalid_argument naming the field and `name`, the
+  /// derived store's class name, a static string); O(layers).
+  slotted_kv_cache_store(kv_cache_config config, store_options options, const char* name,
+                         trace::sink& sink);
+  slotted_kv_cache_store(slotted_kv_cache_store&&) noexcept = default;
+  slotted_kv_cache_store& operator=(slotted_kv_cache_store&&) noexcept = default;
+
+  /// Checks layer, row sizes (kv_heads * head_dim) and room (cache_full for a full dense layer)
+  /// and returns the slot position length(layer) goes to; changes nothing; O(1).
+  std::size_t prepare_append(std::size_t layer, std::span<const float> key,
+                             std::span<const float> value) const;
+  /// Makes the row written at prepare_append's slot the layer's newest position (a full ring
+  /// forgets its oldest rolling position) and returns that position; O(1).
+  std::size_t commit_append(std::size_t layer) noexcept;
+  /// Appends the slot runs of held positions r to `out`, merging a run that continues the last
+  /// one in position and slot; O(1).
+  void add_slots(slot_runs& out, position_range r) const noexcept;
+  /// check_range, then the slot runs of the window [from, to) plus its sinks; O(1).
+  slot_runs window_slots(const char* who, std::size_t layer, std::size_t from,
+                         std::size_t to) const;
+  /// check_range and that `out` has kv_heads * (to - from) * head_dim floats, then the slot runs
+  /// of [from, to) (no sinks); O(1).
+  slot_runs read_slots(const char* who, std::size_t layer, std::size_t from, std::size_t to,
+                       std::span<float> out) const;
+  /// A report with physical bytes per side as given, logical bytes from the held rows and the
+  /// ratio of a full f32 cache to the physical bytes; O(layers).
+  memory_report report(std::size_t key_bytes, std::size_t value_bytes) const;
+  /// kv_heads * capacity * head_dim, checked against overflow at construction.
+  std::size_t side_elements() const noexcept { return side_elements_; }
+  /// The derived store's class name, for messages.
+  const char* name() const noexcept { return name_; }
+
+ private:
+  struct counters {
+    std::size_t length = 0;
+    std::size_t window_start = 0;
+  };
+  void check_layer_of(const char* member, std::size_t layer) const;
+
+  kv_cache_config config_;
+  store_options options_;
+  const char* name_;
+  std::size_t ring_slots_;  // capacity - keep: slots the rolling part cycles through
+  std::size_t side_elements_;
+  std::vector<counters> layers_;
+};
+
 /// The default store: per layer one traced buffer per side laid out [kv_heads][capacity][head_dim]
 /// (head stride capacity * head_dim), allocated at construction; nothing is allocated after.
-/// A ring puts position p < keep in slot p and p >= keep in slot keep + (p - keep) mod
-/// (capacity - keep). key_type/value_type f16 and bf16 are stored rounded to nearest even and
-/// read back as f32; windows are views of the stored type.
-class default_kv_cache_store final : public kv_cache_store {
+/// Slots as slotted_kv_cache_store. key_type/value_type f16 and bf16 are stored rounded to
+/// nearest even and read back as f32; windows are views of the stored type.
+class default_kv_cache_store final : public slotted_kv_cache_store {
  public:
   /// Validates config and options (std::invalid_argument naming the field) and allocates
   /// 2 * layers traced buffers; O(layers * capacity * kv_heads * head_dim) to zero-fill.
@@ -164,20 +249,11 @@ class default_kv_cache_store final : public kv_cache_store {
   /// otherwise a full layer throws cache_full); O(kv_heads * head_dim), no allocation.
   std::size_t append(std::size_t layer, std::span<const float> key,
                      std::span<const float> value) override;
-  std::size_t length(std::size_t layer) const override;
-  std::size_t window_start(std::size_t layer) const override;
-  kv_cache_config config() const override { return config_; }
-  store_options options() const override { return options_; }
   /// Positions in order across the wrap; O((to - from) * kv_heads * head_dim).
   void read_keys(std::size_t layer, std::size_t from, std::size_t to,
                  std::span<float> out) const override;
   void read_values(std::size_t layer, std::size_t from, std::size_t to,
                    std::span<float> out) const override;
-  /// A ring needs positions max(keep, new_length + keep + 1 - W) .. new_length - 1 still held
-  /// (the next token's window); otherwise any new_length <= length; O(1).
-  void truncate(std::size_t layer, std::size_t new_length) override;
-  void clear() noexcept override;
-  void clear(std::size_t layer) override;
   memory_report memory() const override;
 
   /// Zero-copy: the scope is not used and nothing is emitted; O(1).
@@ -190,34 +266,22 @@ class default_kv_cache_store final : public kv_cache_store {
   windowed_kv key_window(std::size_t layer, std::size_t from, std::size_t to) const;
   windowed_kv value_window(std::size_t layer, std::size_t from, std::size_t to) const;
 
-  /// The slot position `position` occupies (not a claim that it is held); O(1).
-  std::size_t slot_of(std::size_t position) const noexcept;
   /// The buffer of `layer`'s keys or values, e.g. to check that a window lies inside it.
   const storage& key_storage(std::size_t layer) const;
   const storage& value_storage(std::size_t layer) const;
 
  private:
-  struct layer_state {
+  struct layer_buffers {
     storage keys;
     storage values;
-    std::size_t length = 0;
-    std::size_t window_start = 0;
-  };
-  struct physical_runs {
-    std::array<kv_run, windowed_kv::max_runs> runs{};
-    std::size_t count = 0;
   };
 
-  physical_runs runs_of(const storage& side, dtype type, std::array<position_range, 2> ranges) const;
-  void add_range(physical_runs& out, const storage& side, dtype type, position_range r) const;
+  tensor_view view_of(const storage& side, dtype type, const slot_run& r) const;
   windowed_kv window(kv_side side, std::size_t layer, std::size_t from, std::size_t to) const;
   void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
             std::span<float> out) const;
 
-  kv_cache_config config_;
-  store_options options_;
-  std::size_t ring_slots_;  // capacity - keep: slots the rolling part cycles through
-  std::vector<layer_state> layers_;
+  std::vector<layer_buffers> layers_;
 };
 
 }  // namespace ringkv

@@ -113,7 +113,7 @@ windowed_kv kv_cache_store::copied_window(kv_side side, std::size_t layer, std::
     bytes += view.bytes();
   }
   if (count > 0 && sink().enabled())
-    sink().emit(trace::adapter_inserted{"copy-kv-window",
+    sink().emit(trace::adapter_inserted{copy_kind(),
                                         side == kv_side::keys ? "keys" : "values", bytes});
   return windowed_kv(std::span<const kv_run>(runs.data(), count));
 }

@@ -17,33 +17,6 @@ module ringkv.store;
 
 namespace ringkv {
 namespace {
-std::string str(std::size_t n) { return std::to_string(n); }
-
-void check_options(const kv_cache_config& c, const store_options& o) {
-  const std::string who = "ringkv::default_kv_cache_store: ";
-  if (!o.sliding_window) {
-    // A dense store never overwrites, so there is nothing to pin and nothing to reserve.
-    if (o.keep != 0)
-      throw std::invalid_argument(who + "keep " + str(o.keep) + " needs sliding_window = true");
-    if (o.slack != 0)
-      throw std::invalid_argument(who + "slack " + str(o.slack) + " needs sliding_window = true");
-  } else if (o.keep + o.slack >= c.capacity) {
-    throw std::invalid_argument(who + "keep " + str(o.keep) + " + slack " + str(o.slack) +
-                                " must be < capacity " + str(c.capacity) +
-                                " (the attention window needs at least one rolling slot)");
-  }
-}
-
-// Elements per side per layer, refusing a size that does not fit in memory's address space.
-std::size_t side_elements(const kv_cache_config& c) {
-  std::size_t n = 0;
-  if (__builtin_mul_overflow(c.kv_heads, c.capacity, &n) ||
-      __builtin_mul_overflow(n, c.head_dim, &n) || __builtin_mul_overflow(n, std::size_t{4}, &n))
-    throw std::invalid_argument("ringkv::default_kv_cache_store: kv_heads * capacity * head_dim "
-                                "overflows size_t");
-  return n / 4;
-}
-
 void store_elements(std::byte* dst, const float* src, std::size_t n, dtype type) noexcept {
   if (type == dtype::f32) {
     std::memmove(dst, src, n * sizeof(float));  // the caller may pass a row of this very slot
@@ -72,31 +45,13 @@ void load_elements(float* dst, const std::byte* src, std::size_t n, dtype type) 
 
 default_kv_cache_store::default_kv_cache_store(kv_cache_config config, store_options options,
                                                trace::sink& sink)
-    : kv_cache_store(sink), config_(config), options_(options), ring_slots_(0) {
-  config_.validate();
-  check_options(config_, options_);
-  ring_slots_ = config_.capacity - options_.keep;
-  const std::size_t elements = side_elements(config_);
-  layers_.reserve(config_.layers);
-  for (std::size_t l = 0; l < config_.layers; ++l)
-    layers_.push_back(layer_state{
-        storage(elements * size_of(config_.key_type), "kv-cache-keys", sink),
-        storage(elements * size_of(config_.value_type), "kv-cache-values", sink)});
-}
-
-std::size_t default_kv_cache_store::slot_of(std::size_t position) const noexcept {
-  if (!options_.sliding_window || position < options_.keep) return position;
-  return options_.keep + (position - options_.keep) % ring_slots_;
-}
-
-std::size_t default_kv_cache_store::length(std::size_t layer) const {
-  check_layer("default_kv_cache_store::length", layer);
-  return layers_[layer].length;
-}
-
-std::size_t default_kv_cache_store::window_start(std::size_t layer) const {
-  check_layer("default_kv_cache_store::window_start", layer);
-  return layers_[layer].window_start;
+    : slotted_kv_cache_store(config, options, "default_kv_cache_store", sink) {
+  const kv_cache_config& c = this->config();
+  layers_.reserve(c.layers);
+  for (std::size_t l = 0; l < c.layers; ++l)
+    layers_.push_back(layer_buffers{
+        storage(side_elements() * size_of(c.key_type), "kv-cache-keys", sink),
+        storage(side_elements() * size_of(c.value_type), "kv-cache-values", sink)});
 }
 
 const storage& default_kv_cache_store::key_storage(std::size_t layer) const {
@@ -111,142 +66,50 @@ const storage& default_kv_cache_store::value_storage(std::size_t layer) const {
 
 std::size_t default_kv_cache_store::append(std::size_t layer, std::span<const float> key,
                                            std::span<const float> value) {
-  const char* who = "default_kv_cache_store::append";
-  check_layer(who, layer);
-  const std::size_t row = config_.row_floats();
-  for (const auto& [name, span] : {std::pair{"key", key}, std::pair{"value", value}})
-    if (span.size() != row)
-      throw std::invalid_argument(std::string("ringkv::") + who + ": " + name + " has " +
-                                  str(span.size()) + " floats, expected kv_heads * head_dim = " +
-                                  str(row));
-  layer_state& s = layers_[layer];
-  const std::size_t p = s.length;
-  if (!options_.sliding_window && p == config_.capacity)
-    throw cache_full(std::string("ringkv::") + who + ": layer " + str(layer) + " is full (length " +
-                     str(p) + " = capacity " + str(config_.capacity) +
-                     "); a ring (store_options::sliding_window) overwrites instead");
-
-  const std::size_t slot = slot_of(p), d = config_.head_dim;
-  const std::size_t head_stride = config_.capacity * d;
-  const std::size_t kb = size_of(config_.key_type), vb = size_of(config_.value_type);
-  for (std::size_t h = 0; h < config_.kv_heads; ++h) {
+  const std::size_t slot = prepare_append(layer, key, value);
+  const kv_cache_config& c = config();
+  const std::size_t d = c.head_dim, head_stride = c.capacity * d;
+  const std::size_t kb = size_of(c.key_type), vb = size_of(c.value_type);
+  layer_buffers& s = layers_[layer];
+  for (std::size_t h = 0; h < c.kv_heads; ++h) {
     const std::size_t at = h * head_stride + slot * d;
-    store_elements(s.keys.data() + at * kb, key.data() + h * d, d, config_.key_type);
-    store_elements(s.values.data() + at * vb, value.data() + h * d, d, config_.value_type);
+    store_elements(s.keys.data() + at * kb, key.data() + h * d, d, c.key_type);
+    store_elements(s.values.data() + at * vb, value.data() + h * d, d, c.value_type);
   }
-  if (options_.sliding_window && p >= options_.keep) {
-    // The rolling part holds at most ring_slots_ positions: a full one just lost its oldest.
-    const std::size_t rolling_start = std::max(s.window_start, options_.keep);
-    if (p - rolling_start == ring_slots_) s.window_start = rolling_start + 1;
-  }
-  s.length = p + 1;
-  return p;
-}
-
-void default_kv_cache_store::truncate(std::size_t layer, std::size_t new_length) {
-  const char* who = "default_kv_cache_store::truncate";
-  check_layer(who, layer);
-  layer_state& s = layers_[layer];
-  if (new_length > s.length)
-    throw std::out_of_range(std::string("ringkv::") + who + ": new_length " + str(new_length) +
-                            " > length " + str(s.length) + " of layer " + str(layer) +
-                            " (truncate only rolls back)");
-  const std::size_t keep = options_.keep;
-  // The token appended next sits at new_length; its rolling keys before it must still be held.
-  const std::size_t need_from =
-      std::min(std::max(keep, query_window(new_length).from), new_length);
-  if (!holds(layer, need_from, new_length))
-    throw std::out_of_range(
-        std::string("ringkv::") + who + ": new_length " + str(new_length) + " of layer " +
-        str(layer) + " needs positions [" + str(need_from) + ", " + str(new_length) +
-        ") for the next token's window (W " + str(attention_window()) + ", keep " + str(keep) +
-        ") but window_start is " + str(s.window_start) + " (length " + str(s.length) +
-        ", slack " + str(options_.slack) + ")");
-  s.length = new_length;
-  // Positions >= new_length are forgotten; overwritten ones before window_start stay lost.
-  s.window_start = new_length <= keep ? 0 : std::min(s.window_start, new_length);
-}
-
-void default_kv_cache_store::clear() noexcept {
-  for (layer_state& s : layers_) s.length = s.window_start = 0;
-}
-
-void default_kv_cache_store::clear(std::size_t layer) {
-  check_layer("default_kv_cache_store::clear", layer);
-  layers_[layer].length = layers_[layer].window_start = 0;
+  return commit_append(layer);
 }
 
 memory_report default_kv_cache_store::memory() const {
-  memory_report r;
-  std::size_t rows = 0;
-  for (std::size_t l = 0; l < config_.layers; ++l) rows += held(l);
-  const std::size_t logical = rows * config_.row_floats() * sizeof(float);
-  for (const layer_state& s : layers_) {
-    r.keys.physical_bytes += s.keys.bytes();
-    r.values.physical_bytes += s.values.bytes();
+  std::size_t keys = 0, values = 0;
+  for (const layer_buffers& s : layers_) {
+    keys += s.keys.bytes();
+    values += s.values.bytes();
   }
-  r.keys.logical_bytes = r.values.logical_bytes = logical;
-  r.physical_bytes = r.keys.physical_bytes + r.values.physical_bytes;
-  r.logical_bytes = 2 * logical;
-  const double full_f32 =
-      2.0 * double(config_.layers) * double(side_elements(config_)) * sizeof(float);
-  r.compression_ratio = full_f32 / double(r.physical_bytes);
-  return r;
+  return report(keys, values);
 }
 
-void default_kv_cache_store::add_range(physical_runs& out, const storage& side, dtype type,
-                                       position_range r) const {
-  const std::size_t d = config_.head_dim, row_bytes = d * size_of(type);
-  auto push = [&](std::size_t first_position, std::size_t slot, std::size_t count) {
-    // const_cast: windows are read-only by contract; tensor_view carries a mutable pointer.
-    std::byte* data = const_cast<std::byte*>(side.data()) + slot * row_bytes;
-    if (out.count > 0) {
-      kv_run& last = out.runs[out.count - 1];
-      const std::size_t n = last.view.positions();
-      if (last.first_position + n == first_position && last.view.data() + n * row_bytes == data) {
-        last.view = tensor_view(last.view.data(), type, config_.kv_heads, n + count, d,
-                                config_.capacity * d, d);
-        return;
-      }
-    }
-    out.runs[out.count++] =
-        kv_run{tensor_view(data, type, config_.kv_heads, count, d, config_.capacity * d, d),
-               first_position};
-  };
-  const std::size_t pinned_end = std::min(r.to, options_.keep);
-  std::size_t p = r.from;
-  if (p < pinned_end) {
-    push(p, p, pinned_end - p);
-    p = pinned_end;
-  }
-  while (p < r.to) {  // at most twice for a held range: up to the ring's end, then from its start
-    const std::size_t slot = slot_of(p);
-    const std::size_t count = std::min(r.to - p, config_.capacity - slot);
-    push(p, slot, count);
-    p += count;
-  }
-}
-
-default_kv_cache_store::physical_runs default_kv_cache_store::runs_of(
-    const storage& side, dtype type, std::array<position_range, 2> ranges) const {
-  physical_runs out;
-  for (const position_range& r : ranges)
-    if (!r.empty()) add_range(out, side, type, r);
-  return out;
+tensor_view default_kv_cache_store::view_of(const storage& side, dtype type,
+                                            const slot_run& r) const {
+  const kv_cache_config& c = config();
+  const std::size_t d = c.head_dim;
+  // const_cast: windows are read-only by contract; tensor_view carries a mutable pointer.
+  std::byte* data = const_cast<std::byte*>(side.data()) + r.slot * d * size_of(type);
+  return tensor_view(data, type, c.kv_heads, r.count, d, c.capacity * d, d);
 }
 
 windowed_kv default_kv_cache_store::window(kv_side side, std::size_t layer, std::size_t from,
                                            std::size_t to) const {
   const bool keys = side == kv_side::keys;
-  check_range(keys ? "default_kv_cache_store::key_window" : "default_kv_cache_store::value_window",
-              layer, from, to);
-  const layer_state& s = layers_[layer];
-  const physical_runs runs =
-      runs_of(keys ? s.keys : s.values, keys ? config_.key_type : config_.value_type,
-              window_positions(from, to));
-  return windowed_kv(std::span<const kv_run>(runs.runs.data(), runs.count));
+  const slot_runs slots = window_slots(
+      keys ? "default_kv_cache_store::key_window" : "default_kv_cache_store::value_window", layer,
+      from, to);
+  const storage& buffer = keys ? layers_[layer].keys : layers_[layer].values;
+  const dtype type = keys ? config().key_type : config().value_type;
+  std::array<kv_run, windowed_kv::max_runs> runs{};
+  for (std::size_t i = 0; i < slots.count; ++i)
+    runs[i] = kv_run{view_of(buffer, type, slots.runs[i]), slots.runs[i].first_position};
+  return windowed_kv(std::span<const kv_run>(runs.data(), slots.count));
 }
-
 windowed_kv default_kv_cache_store::key_window(std::size_t layer, std::size_t from,
                                                std::size_t to) const {
   return window(kv_side::keys, layer, from, to);
@@ -269,22 +132,16 @@ windowed_kv default_kv_cache_store::value_window(std::size_t layer, std::size_t 
 
 void default_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,
                                   std::size_t from, std::size_t to, std::span<float> out) const {
-  check_range(who, layer, from, to);
-  const std::size_t d = config_.head_dim, count = to - from;
-  if (out.size() != config_.kv_heads * count * d)
-    throw std::invalid_argument(std::string("ringkv::") + who + ": out has " + str(out.size()) +
-                                " floats, expected kv_heads * (to - from) * head_dim = " +
-                                str(config_.kv_heads * count * d));
+  const slot_runs slots = read_slots(who, layer, from, to, out);
   const bool keys = side == kv_side::keys;
-  const dtype type = keys ? config_.key_type : config_.value_type;
-  physical_runs runs;
-  add_range(runs, keys ? layers_[layer].keys : layers_[layer].values, type, {from, to});
-  for (std::size_t h = 0; h < config_.kv_heads; ++h) {
+  const dtype type = keys ? config().key_type : config().value_type;
+  const storage& buffer = keys ? layers_[layer].keys : layers_[layer].values;
+  const std::size_t d = config().head_dim, count = to - from;
+  for (std::size_t h = 0; h < config().kv_heads; ++h) {
     float* dst = out.data() + h * count * d;
-    for (std::size_t i = 0; i < runs.count; ++i) {
-      const tensor_view& v = runs.runs[i].view;
-      load_elements(dst, v.row_bytes(h, 0), v.positions() * d, type);
-      dst += v.positions() * d;
+    for (const slot_run& r : slots.view()) {
+      load_elements(dst, view_of(buffer, type, r).row_bytes(h, 0), r.count * d, type);
+      dst += r.count * d;
     }
   }
 }
