@@ -9,6 +9,7 @@ set(RINGKV_MODULES
   modules/kernels.cppm
   modules/attention.cppm
   modules/decode.cppm
+  modules/quant.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
@@ -21,4 +22,9 @@ set(RINGKV_SOURCES
   src/kernels.cpp
   src/attention.cpp
   src/decode.cpp
+  src/quant_codebook.cpp
+  src/quant_rotation.cpp
+  src/quant_window.cpp
+  src/quant_turbo.cpp
+  src/quant_int8.cpp
 )

@@ -8,3 +8,4 @@ export import ringkv.store;
 export import ringkv.kernels;
 export import ringkv.attention;
 export import ringkv.decode;
+export import ringkv.quant;

@@ -1,0 +1,280 @@
+// ringkv.quant — compressed KV stores with the same slot/ring semantics as the default store:
+// TurboQuant (Zandieh et al., 2025: random rotation, the norm kept apart, Lloyd–Max codebooks
+// for one coordinate of a random unit vector, optional 1-bit QJL on the residual for unbiased
+// inner products) and plain int8 with a per-row scale. Their windows are compressed_window:
+// the same up-to-three runs with absolute positions as windowed_kv, over the codes.
+module;
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+export module ringkv.quant;
+export import ringkv.store;
+
+export namespace ringkv {
+
+/// A Lloyd–Max (MSE-optimal scalar) quantizer for one coordinate of a uniformly random unit
+/// vector in R^dim, density ∝ (1 − x²)^((dim − 3)/2) on [−1, 1] (≈ N(0, 1/dim) for large dim).
+struct codebook {
+  std::size_t dim = 0;
+  unsigned bits = 0;
+  std::vector<float> centroids;   // 2^bits, increasing, symmetric about 0
+  std::vector<float> boundaries;  // 2^bits − 1 midpoints between neighbouring centroids
+  double coordinate_mse = 0;      // E[(x − Q(x))²] for one coordinate (×dim: per unit vector)
+  /// Index of the centroid nearest to x (the cell x falls in); O(bits).
+  std::uint8_t encode(float x) const noexcept;
+};
+
+/// The codebook for (dim, bits), bits in 1..4, computed once by Lloyd's algorithm on the density
+/// (Gauss–Legendre integration) and cached for the program's life (thread-safe); the first call
+/// for a pair costs a few ms, later ones O(log pairs). dim 1 (a coordinate is ±1) gets 2^bits
+/// evenly spaced levels from −1 to 1. Throws std::invalid_argument for dim 0 or bits outside 1..4.
+const codebook& lloyd_max_codebook(std::size_t dim, unsigned bits);
+
+/// A fixed random orthogonal map of R^dim from a seed: for a power-of-two dim a randomized
+/// Hadamard transform (random signs, then the fast Walsh–Hadamard transform scaled by
+/// 1/sqrt(dim)); otherwise a Haar-random orthogonal matrix (QR of a Gaussian matrix in double,
+/// R's diagonal made positive), stored as floats. Every coordinate is rotated.
+class random_rotation {
+ public:
+  random_rotation() = default;
+  /// O(dim log dim) for Hadamard, O(dim³) otherwise; its state is one traced allocation
+  /// ("rotation").
+  random_rotation(std::size_t dim, std::uint64_t seed, trace::sink& sink = trace::null_sink());
+  std::size_t dim() const noexcept { return dim_; }
+  bool hadamard() const noexcept { return hadamard_; }
+  /// out = Π·in (out may alias in only for Hadamard); O(dim log dim) or O(dim²).
+  void apply(std::span<const float> in, std::span<float> out) const noexcept;
+  /// out = Πᵀ·in, the exact inverse; same aliasing rule and cost as apply.
+  void apply_inverse(std::span<const float> in, std::span<float> out) const noexcept;
+  /// The state: dim signs (±1/sqrt(dim)) for Hadamard, else the dim × dim matrix, row-major.
+  std::span<const float> state() const noexcept { return state_.as<float>(); }
+  /// Bytes of the state.
+  std::size_t bytes() const noexcept { return state_.bytes(); }
+
+ private:
+  std::size_t dim_ = 0;
+  bool hadamard_ = false;
+  storage state_;
+};
+
+/// Fills `out` with independent N(0, 1) entries from a seed (QJL's S, row-major); O(size).
+void fill_gaussian(std::span<float> out, std::uint64_t seed) noexcept;
+
+/// The QJL constant: ⟨y, r⟩ ≈ ‖r‖ · qjl_scale(dim) · ⟨S·y, sign(S·r)⟩, unbiased for S with
+/// N(0, 1) entries, since E[sign(⟨s, r⟩)⟨s, y⟩] = sqrt(2/π)⟨r, y⟩/‖r‖: sqrt(π/2)/dim.
+double qjl_scale(std::size_t dim) noexcept;
+
+/// TurboQuant settings. bits in 2..4; with qjl, keys get key_bits − 1 codebook bits plus one
+/// QJL sign bit per coordinate.
+struct turboquant_options {
+  unsigned key_bits = 4;
+  unsigned value_bits = 4;
+  bool qjl = false;
+  std::uint64_t seed = 0x5eed'7b0c'1a2b'3c4dULL;
+};
+
+/// How a compressed side's rows are encoded.
+enum class compression : std::uint8_t { turboquant, int8 };
+
+/// What a kernel needs to decode one side's rows of one layer (pointers into the store).
+struct compressed_format {
+  compression kind = compression::turboquant;
+  std::size_t heads = 0;
+  std::size_t head_dim = 0;
+  unsigned bits = 0;             // codebook bits per coordinate (8 for int8)
+  std::size_t code_bytes = 0;    // per row: ceil(head_dim · bits / 8), LSB-first bit stream
+  bool qjl = false;              // rows carry sign bits and a residual norm
+  std::size_t sign_bytes = 0;    // per row: ceil(head_dim / 8) when qjl
+  const float* centroids = nullptr;              // 2^bits levels (turboquant)
+  const random_rotation* rotations = nullptr;    // [heads] (turboquant)
+  const float* projections = nullptr;            // [heads][head_dim][head_dim] S (qjl)
+};
+
+/// One run of compressed rows: `positions` consecutive positions of every head. Row (h, i) is at
+/// codes + (h·head_stride + i)·code_bytes; its scale (turboquant: ‖x‖, int8: absmax/127) at
+/// scales[h·head_stride + i]; with qjl its sign bits at signs + (h·head_stride + i)·sign_bytes
+/// and its residual norm at residual_norms[h·head_stride + i].
+struct compressed_view {
+  const std::byte* codes = nullptr;
+  const float* scales = nullptr;
+  const std::byte* signs = nullptr;
+  const float* residual_norms = nullptr;
+  std::size_t positions = 0;
+  std::size_t head_stride = 0;  // rows from one head to the next (the store's capacity)
+};
+
+/// A compressed run and the absolute position of its first row.
+struct compressed_run {
+  compressed_view view;
+  std::size_t first_position = 0;
+};
+
+/// The compressed window as its runs, in position order — windowed_kv's structure over codes:
+/// pinned sinks, ring head, ring tail, each with its absolute first position. Views into the
+/// store's buffers (valid until the store changes those positions); nothing is copied.
+class compressed_window {
+ public:
+  static constexpr std::size_t max_runs = windowed_kv::max_runs;
+
+  compressed_window() noexcept = default;
+  /// Up to max_runs runs (empty ones dropped); throws std::invalid_argument when there are more
+  /// or positions do not increase; O(runs).
+  compressed_window(const compressed_format& format, std::span<const compressed_run> runs);
+
+  const compressed_format& format() const noexcept { return format_; }
+  std::span<const compressed_view> runs() const noexcept { return {views_.data(), count_}; }
+  std::size_t run_first_position(std::size_t i) const;
+  const compressed_view& head() const;
+  std::size_t length() const noexcept { return length_; }
+  bool empty() const noexcept { return length_ == 0; }
+  /// Whether consecutive positions are split across runs (the ring's end falls in the window).
+  bool wrapped() const noexcept;
+  std::size_t first_position() const noexcept { return count_ ? starts_[0] : 0; }
+  std::size_t end_position() const noexcept {
+    return count_ ? starts_[count_ - 1] + views_[count_ - 1].positions : 0;
+  }
+  std::size_t heads() const noexcept { return format_.heads; }
+  std::size_t head_dim() const noexcept { return format_.head_dim; }
+  /// Decodes row (head h, position p of run i) to f32 in `out` (head_dim floats, checked);
+  /// O(head_dim log head_dim) (Hadamard) or O(head_dim²).
+  void decode(std::size_t i, std::size_t h, std::size_t p, std::span<float> out) const;
+
+ private:
+  compressed_format format_{};
+  std::array<compressed_view, max_runs> views_{};
+  std::array<std::size_t, max_runs> starts_{};
+  std::size_t count_ = 0;
+  std::size_t length_ = 0;
+};
+
+/// A TurboQuant store: per layer and side traced buffers of bit-packed codes [kv_heads][capacity]
+/// and f32 norms (with qjl, keys also sign bits and f32 residual norms), plus per layer the
+/// rotations (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
+/// every coordinate of a row, so their error would be a bias, and f16 overflows at 65504; at
+/// head_dim 128 and 4 bits they cost 4 of 68 bytes a row. Same slots, ring, keep, slack,
+/// truncate and refusals as default_kv_cache_store. Nothing is allocated after construction.
+class turboquant_kv_cache_store final : public slotted_kv_cache_store {
+ public:
+  /// Validates config, options (bits in 2..4, std::invalid_argument naming the field) and
+  /// store options, computes the codebooks (cached) and the per-head rotations/projections and
+  /// allocates every buffer; O(layers · kv_heads · head_dim²) (dense rotation, QJL) to set up.
+  turboquant_kv_cache_store(kv_cache_config config, turboquant_options options = {},
+                            store_options store = {}, trace::sink& sink = trace::null_sink());
+
+  /// Rotates each head's unit direction and writes its codes and norm (and QJL sketch) at the
+  /// next position's slot; O(kv_heads · (head_dim log head_dim + head_dim·2^bits)), + head_dim²
+  /// with qjl or a dense rotation; no allocation.
+  std::size_t append(std::size_t layer, std::span<const float> key,
+                     std::span<const float> value) override;
+  /// Dequantized rows (codebook values, exact inverse rotation, times the norm; QJL adds
+  /// ‖r‖·qjl_scale·Sᵀ·signs), positions in order across the wrap; O(rows · decode).
+  void read_keys(std::size_t layer, std::size_t from, std::size_t to,
+                 std::span<float> out) const override;
+  void read_values(std::size_t layer, std::size_t from, std::size_t to,
+                   std::span<float> out) const override;
+  /// Physical: codes, norms, QJL signs and residual norms, rotations, projections, codebooks.
+  memory_report memory() const override;
+
+  /// The window [from, to) plus its sinks over the store's own code buffers: O(1), no
+  /// allocation, nothing emitted.
+  compressed_window compressed_key_window(std::size_t layer, std::size_t from,
+                                          std::size_t to) const;
+  compressed_window compressed_value_window(std::size_t layer, std::size_t from,
+                                            std::size_t to) const;
+
+  turboquant_options quant_options() const noexcept { return quant_; }
+  /// The rotation of (layer, kv head).
+  const random_rotation& rotation(std::size_t layer, std::size_t head) const;
+
+ protected:
+  std::string_view copy_kind() const noexcept override { return "dequantize-kv-window"; }
+
+ private:
+  struct side_buffers {
+    storage codes, scales, signs, residual_norms;
+  };
+  struct layer_state {
+    side_buffers keys, values;
+    std::vector<random_rotation> rotations;  // [kv_heads]
+    storage projections;                     // [kv_heads][d][d] when qjl
+  };
+
+  compressed_format format(kv_side side, std::size_t layer) const noexcept;
+  compressed_window window_of(kv_side side, std::size_t layer, const slot_runs& slots) const;
+  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
+                           std::size_t to) const;
+  void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
+            std::span<float> out) const;
+  void encode(kv_side side, std::size_t layer, std::size_t slot, std::span<const float> row);
+
+  turboquant_options quant_;
+  const codebook* key_book_;
+  const codebook* value_book_;
+  std::vector<layer_state> layers_;
+  std::vector<float> scratch_;  // append's working rows (3 · head_dim)
+};
+
+/// An int8 store: per layer and side int8 codes [kv_heads][capacity][head_dim] and one f32 scale
+/// (absmax/127) per row; x ≈ scale · code, rounding to nearest. Same slot semantics as
+/// default_kv_cache_store; nothing is allocated after construction.
+class int8_kv_cache_store final : public slotted_kv_cache_store {
+ public:
+  /// Validates config and store options and allocates 4 traced buffers per layer.
+  explicit int8_kv_cache_store(kv_cache_config config, store_options store = {},
+                               trace::sink& sink = trace::null_sink());
+
+  /// O(kv_heads · head_dim), no allocation.
+  std::size_t append(std::size_t layer, std::span<const float> key,
+                     std::span<const float> value) override;
+  /// scale · code per element, positions in order across the wrap; O(rows · head_dim).
+  void read_keys(std::size_t layer, std::size_t from, std::size_t to,
+                 std::span<float> out) const override;
+  void read_values(std::size_t layer, std::size_t from, std::size_t to,
+                   std::span<float> out) const override;
+  /// Physical: codes and scales.
+  memory_report memory() const override;
+
+  /// Windows over the store's own codes and scales; O(1), no allocation.
+  compressed_window compressed_key_window(std::size_t layer, std::size_t from,
+                                          std::size_t to) const;
+  compressed_window compressed_value_window(std::size_t layer, std::size_t from,
+                                            std::size_t to) const;
+
+ protected:
+  std::string_view copy_kind() const noexcept override { return "dequantize-kv-window"; }
+
+ private:
+  struct side_buffers {
+    storage codes, scales;
+  };
+  struct layer_state {
+    side_buffers keys, values;
+  };
+  compressed_format format() const noexcept;
+  compressed_window window_of(kv_side side, std::size_t layer, const slot_runs& slots) const;
+  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
+                           std::size_t to) const;
+
+  std::vector<layer_state> layers_;
+};
+
+}  // namespace ringkv
+
+namespace ringkv::detail {
+// Bit-packed codes: `bits` per value, LSB-first in a byte stream.
+void pack_codes(std::span<const std::uint8_t> codes, unsigned bits, std::byte* out) noexcept;
+std::uint8_t code_at(const std::byte* packed, unsigned bits, std::size_t i) noexcept;
+// Decodes one row of `format` for head h into out (head_dim floats).
+void decode_row(const compressed_format& format, std::size_t h, const compressed_view& v,
+                std::size_t p, std::span<float> out) noexcept;
+// Decodes every row of `w` into out [heads, w.length(), head_dim] (sized by the caller).
+void decode_window(const compressed_window& w, std::span<float> out) noexcept;
+// Builds compressed runs from slot runs over side buffers laid out [heads][capacity].
+compressed_window window_over(const compressed_format& format,
+                              std::span<const slotted_kv_cache_store::slot_run> slots,
+                              std::size_t capacity, const std::byte* codes, const float* scales,
+                              const std::byte* signs, const float* residual_norms);
+}  // namespace ringkv::detail

@@ -1,0 +1,219 @@
+// turboquant_kv_cache_store: per (layer, kv head) a random rotation; each row's norm kept apart
+// and its rotated unit direction quantized coordinate-wise with the Lloyd–Max codebook; keys may
+// add a 1-bit QJL sketch of the residual. Slots and ring semantics come from the slotted base.
+module;
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+module ringkv.quant;
+
+namespace ringkv {
+namespace {
+
+void check_bits(const char* field, unsigned bits) {
+  if (bits < 2 || bits > 4)
+    throw std::invalid_argument(std::string("ringkv::turboquant_kv_cache_store: ") + field + " " +
+                                std::to_string(bits) + " outside 2..4");
+}
+
+const turboquant_options& checked(const turboquant_options& o) {
+  check_bits("key_bits", o.key_bits);
+  check_bits("value_bits", o.value_bits);
+  return o;
+}
+
+std::uint64_t mix(std::uint64_t seed, std::size_t layer, std::size_t head, std::uint64_t what) {
+  std::uint64_t z = seed ^ (0x9e3779b97f4a7c15ULL * (layer * 1000003ULL + head * 131ULL + what));
+  z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
+  return z ^ (z >> 32);
+}
+
+std::size_t code_bytes(std::size_t d, unsigned bits) { return (d * bits + 7) / 8; }
+
+}  // namespace
+
+turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
+                                                     turboquant_options options,
+                                                     store_options store, trace::sink& sink)
+    : slotted_kv_cache_store(config, store, "turboquant_kv_cache_store", sink),
+      quant_(checked(options)),
+      key_book_(&lloyd_max_codebook(config.head_dim, options.key_bits - (options.qjl ? 1 : 0))),
+      value_book_(&lloyd_max_codebook(config.head_dim, options.value_bits)),
+      scratch_(3 * config.head_dim) {
+  const kv_cache_config& c = this->config();
+  const std::size_t rows = c.kv_heads * c.capacity, d = c.head_dim;
+  layers_.reserve(c.layers);
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    layer_state s;
+    s.keys.codes = storage(rows * code_bytes(d, key_book_->bits), "turboquant-key-codes", sink);
+    s.keys.scales = storage(rows * sizeof(float), "turboquant-key-norms", sink);
+    if (quant_.qjl) {
+      s.keys.signs = storage(rows * code_bytes(d, 1), "turboquant-qjl-signs", sink);
+      s.keys.residual_norms = storage(rows * sizeof(float), "turboquant-qjl-residual-norms", sink);
+      s.projections = storage(c.kv_heads * d * d * sizeof(float), "turboquant-qjl-projections", sink);
+      for (std::size_t h = 0; h < c.kv_heads; ++h)
+        fill_gaussian(s.projections.as<float>().subspan(h * d * d, d * d),
+                      mix(quant_.seed, l, h, 2));
+    }
+    s.values.codes =
+        storage(rows * code_bytes(d, value_book_->bits), "turboquant-value-codes", sink);
+    s.values.scales = storage(rows * sizeof(float), "turboquant-value-norms", sink);
+    s.rotations.reserve(c.kv_heads);
+    for (std::size_t h = 0; h < c.kv_heads; ++h)
+      s.rotations.emplace_back(d, mix(quant_.seed, l, h, 1), sink);
+    layers_.push_back(std::move(s));
+  }
+}
+
+const random_rotation& turboquant_kv_cache_store::rotation(std::size_t layer,
+                                                           std::size_t head) const {
+  check_layer("turboquant_kv_cache_store::rotation", layer);
+  if (head >= config().kv_heads)
+    throw std::out_of_range("ringkv::turboquant_kv_cache_store::rotation: head " +
+                            std::to_string(head) + " out of range (kv_heads " +
+                            std::to_string(config().kv_heads) + ")");
+  return layers_[layer].rotations[head];
+}
+
+compressed_format turboquant_kv_cache_store::format(kv_side side,
+                                                    std::size_t layer) const noexcept {
+  const bool keys = side == kv_side::keys;
+  const codebook& book = keys ? *key_book_ : *value_book_;
+  const layer_state& s = layers_[layer];
+  const std::size_t d = config().head_dim;
+  const bool qjl = keys && quant_.qjl;
+  return compressed_format{compression::turboquant,
+                           config().kv_heads,
+                           d,
+                           book.bits,
+                           code_bytes(d, book.bits),
+                           qjl,
+                           qjl ? code_bytes(d, 1) : 0,
+                           book.centroids.data(),
+                           s.rotations.data(),
+                           qjl ? s.projections.as<float>().data() : nullptr};
+}
+
+void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::size_t slot,
+                                       std::span<const float> row) {
+  const bool keys = side == kv_side::keys;
+  const codebook& book = keys ? *key_book_ : *value_book_;
+  const compressed_format f = format(side, layer);
+  side_buffers& b = keys ? layers_[layer].keys : layers_[layer].values;
+  const std::size_t d = f.head_dim, capacity = config().capacity;
+  const std::span<float> u = std::span(scratch_).first(d), y = std::span(scratch_).subspan(d, d),
+                         back = std::span(scratch_).subspan(2 * d, d);
+  for (std::size_t h = 0; h < f.heads; ++h) {
+    const std::span<const float> x = row.subspan(h * d, d);
+    double sum = 0;
+    for (float v : x) sum += double(v) * v;
+    const float norm = float(std::sqrt(sum));
+    for (std::size_t i = 0; i < d; ++i) u[i] = norm > 0 ? float(x[i] / double(norm)) : 0.0f;
+    f.rotations[h].apply(u, y);
+    std::uint8_t codes[8];  // packed 8 codes at a time: `bits` bytes per group
+    std::byte* out = b.codes.data() + (h * capacity + slot) * f.code_bytes;
+    for (std::size_t i = 0; i < d; i += 8) {
+      const std::size_t n = std::min<std::size_t>(8, d - i);
+      for (std::size_t j = 0; j < n; ++j) codes[j] = book.encode(y[i + j]);
+      detail::pack_codes(std::span(codes, n), f.bits, out + i / 8 * f.bits);
+    }
+    b.scales.as<float>()[h * capacity + slot] = norm;
+    if (!f.qjl) continue;
+    // Residual of the unit direction in the original coordinates, r = u − Πᵀ·ỹ; keep ‖r‖ and
+    // sign(S·r).
+    for (std::size_t i = 0; i < d; ++i) y[i] = f.centroids[detail::code_at(out, f.bits, i)];
+    f.rotations[h].apply_inverse(y, back);
+    double rn = 0;
+    for (std::size_t i = 0; i < d; ++i) {
+      u[i] -= back[i];
+      rn += double(u[i]) * u[i];
+    }
+    const float* s = f.projections + h * d * d;
+    std::byte* signs = b.signs.data() + (h * capacity + slot) * f.sign_bytes;
+    for (std::size_t k = 0; k < d; k += 8) {
+      const std::size_t n = std::min<std::size_t>(8, d - k);
+      for (std::size_t j = 0; j < n; ++j) {
+        float dot = 0;
+        for (std::size_t i = 0; i < d; ++i) dot += s[(k + j) * d + i] * u[i];
+        codes[j] = dot >= 0 ? 1 : 0;
+      }
+      detail::pack_codes(std::span(codes, n), 1, signs + k / 8);
+    }
+    b.residual_norms.as<float>()[h * capacity + slot] = float(std::sqrt(rn));
+  }
+}
+
+std::size_t turboquant_kv_cache_store::append(std::size_t layer, std::span<const float> key,
+                                              std::span<const float> value) {
+  const std::size_t slot = prepare_append(layer, key, value);
+  encode(kv_side::keys, layer, slot, key);
+  encode(kv_side::values, layer, slot, value);
+  return commit_append(layer);
+}
+
+compressed_window turboquant_kv_cache_store::window_of(kv_side side, std::size_t layer,
+                                                       const slot_runs& slots) const {
+  const side_buffers& b = side == kv_side::keys ? layers_[layer].keys : layers_[layer].values;
+  return detail::window_over(format(side, layer), slots.view(), config().capacity,
+                             b.codes.data(), b.scales.as<float>().data(),
+                             b.signs.empty() ? nullptr : b.signs.data(),
+                             b.residual_norms.empty() ? nullptr : b.residual_norms.as<float>().data());
+}
+
+compressed_window turboquant_kv_cache_store::window(kv_side side, std::size_t layer,
+                                                    std::size_t from, std::size_t to) const {
+  return window_of(side, layer,
+                   window_slots(side == kv_side::keys
+                                    ? "turboquant_kv_cache_store::compressed_key_window"
+                                    : "turboquant_kv_cache_store::compressed_value_window",
+                                layer, from, to));
+}
+
+compressed_window turboquant_kv_cache_store::compressed_key_window(std::size_t layer,
+                                                                   std::size_t from,
+                                                                   std::size_t to) const {
+  return window(kv_side::keys, layer, from, to);
+}
+
+compressed_window turboquant_kv_cache_store::compressed_value_window(std::size_t layer,
+                                                                     std::size_t from,
+                                                                     std::size_t to) const {
+  return window(kv_side::values, layer, from, to);
+}
+
+void turboquant_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,
+                                     std::size_t from, std::size_t to,
+                                     std::span<float> out) const {
+  detail::decode_window(window_of(side, layer, read_slots(who, layer, from, to, out)), out);
+}
+
+void turboquant_kv_cache_store::read_keys(std::size_t layer, std::size_t from, std::size_t to,
+                                          std::span<float> out) const {
+  read(kv_side::keys, "turboquant_kv_cache_store::read_keys", layer, from, to, out);
+}
+
+void turboquant_kv_cache_store::read_values(std::size_t layer, std::size_t from, std::size_t to,
+                                            std::span<float> out) const {
+  read(kv_side::values, "turboquant_kv_cache_store::read_values", layer, from, to, out);
+}
+
+memory_report turboquant_kv_cache_store::memory() const {
+  // The rotations serve both sides; they are counted with the keys, as the projections are.
+  std::size_t keys = key_book_->centroids.size() * sizeof(float);
+  std::size_t values = value_book_->centroids.size() * sizeof(float);
+  for (const layer_state& s : layers_) {
+    keys += s.keys.codes.bytes() + s.keys.scales.bytes() + s.keys.signs.bytes() +
+            s.keys.residual_norms.bytes() + s.projections.bytes();
+    for (const random_rotation& r : s.rotations) keys += r.bytes();
+    values += s.values.codes.bytes() + s.values.scales.bytes();
+  }
+  return report(keys, values);
+}
+
+}  // namespace ringkv
