@@ -80,32 +80,36 @@ random_rotation::random_rotation(std::size_t dim, std::uint64_t seed, trace::sin
 
 void random_rotation::apply(std::span<const float> in, std::span<float> out) const noexcept {
   const std::size_t d = dim_;
+  const float* state = state_.as<float>().data();
   if (hadamard_) {  // (1/√d)·H·D·in, with the signs stored as ±1/√d
-    for (std::size_t i = 0; i < d; ++i) out[i] = in[i] * state()[i];
+    for (std::size_t i = 0; i < d; ++i) out[i] = in[i] * state[i];
     walsh_hadamard(out.first(d));
     return;
   }
   for (std::size_t r = 0; r < d; ++r) {
-    const float* row = &state()[r * d];
+    const float* row = &state[r * d];
+    const float* x = in.data();
     float acc = 0;
-    for (std::size_t i = 0; i < d; ++i) acc += row[i] * in[i];
+    for (std::size_t i = 0; i < d; ++i) acc += row[i] * x[i];
     out[r] = acc;
   }
 }
 
 void random_rotation::apply_inverse(std::span<const float> in, std::span<float> out) const noexcept {
   const std::size_t d = dim_;
+  const float* state = state_.as<float>().data();
   if (hadamard_) {  // D·(1/√d)·H·in: H is symmetric and H·H = d·I
     for (std::size_t i = 0; i < d; ++i) out[i] = in[i];
     walsh_hadamard(out.first(d));
-    for (std::size_t i = 0; i < d; ++i) out[i] *= state()[i];
+    for (std::size_t i = 0; i < d; ++i) out[i] *= state[i];
     return;
   }
-  for (std::size_t i = 0; i < d; ++i) out[i] = 0;
+  float* y = out.data();
+  for (std::size_t i = 0; i < d; ++i) y[i] = 0;
   for (std::size_t r = 0; r < d; ++r) {
-    const float* row = &state()[r * d];
-    const float y = in[r];
-    for (std::size_t i = 0; i < d; ++i) out[i] += y * row[i];
+    const float* row = &state[r * d];
+    const float a = in[r];
+    for (std::size_t i = 0; i < d; ++i) y[i] += a * row[i];
   }
 }
 

@@ -46,11 +46,12 @@ void decode_row(const compressed_format& f, std::size_t h, const compressed_view
     for (std::size_t i = 0; i < d; ++i) out[i] = f.centroids[code_at(codes, f.bits, i)];
     rotation.apply_inverse(out, out);
   } else {  // Πᵀ·y = Σ_r y_r · (row r of Π), streaming the codes
-    const std::span<const float> m = rotation.state();
-    for (std::size_t i = 0; i < d; ++i) out[i] = 0;
+    const float* m = rotation.state().data();
+    float* x = out.data();
+    for (std::size_t i = 0; i < d; ++i) x[i] = 0;
     for (std::size_t r = 0; r < d; ++r) {
       const float y = f.centroids[code_at(codes, f.bits, r)];
-      for (std::size_t i = 0; i < d; ++i) out[i] += y * m[r * d + i];
+      for (std::size_t i = 0; i < d; ++i) x[i] += y * m[r * d + i];
     }
   }
   for (std::size_t i = 0; i < d; ++i) out[i] *= scale;
@@ -59,9 +60,10 @@ void decode_row(const compressed_format& f, std::size_t h, const compressed_view
   const std::byte* signs = v.signs + row * f.sign_bytes;
   const float gamma = float(scale * v.residual_norms[row] * qjl_scale(d));
   const float* s = f.projections + h * d * d;
+  float* x = out.data();
   for (std::size_t k = 0; k < d; ++k) {
     const float z = code_at(signs, 1, k) ? gamma : -gamma;
-    for (std::size_t i = 0; i < d; ++i) out[i] += z * s[k * d + i];
+    for (std::size_t i = 0; i < d; ++i) x[i] += z * s[k * d + i];
   }
 }
 
