@@ -58,6 +58,15 @@ inline std::vector<std::size_t> positions_of(const ringkv::windowed_kv& w) {
   return out;
 }
 
+/// The absolute positions a compressed window's runs cover, in run order.
+inline std::vector<std::size_t> positions_of(const ringkv::compressed_window& w) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < w.runs().size(); ++i)
+    for (std::size_t p = 0; p < w.runs()[i].positions; ++p)
+      out.push_back(w.run_first_position(i) + p);
+  return out;
+}
+
 /// Number of f32 elements of a window's rows that differ from the rows of their positions.
 inline std::size_t wrong_elements(const ringkv::windowed_kv& w, ringkv::kv_side side,
                                   std::size_t layer) {
