@@ -205,3 +205,229 @@ BOOST_AUTO_TEST_CASE(qjl_inner_products_are_unbiased_and_codebook_alone_is_not) 
     }
   }
 }
+
+namespace {
+store_options ring(std::size_t keep = 0, std::size_t slack = 0) {
+  return {.sliding_window = true, .keep = keep, .slack = slack};
+}
+template <class R>
+std::ptrdiff_t count(R&& r) {
+  return ranges::distance(r);
+}
+std::vector<float> read(const ringkv::kv_cache_store& s, kv_side side, std::size_t l,
+                        std::size_t from, std::size_t to) {
+  std::vector<float> out(s.config().row_floats() * (to - from));
+  side == kv_side::keys ? s.read_keys(l, from, to, out) : s.read_values(l, from, to, out);
+  return out;
+}
+// Every row of a compressed window decoded, laid out as read_keys lays out its positions.
+std::vector<float> decoded(const ringkv::compressed_window& w) {
+  const std::size_t d = w.head_dim();
+  std::vector<float> out(w.heads() * w.length() * d);
+  std::size_t at = 0;
+  for (std::size_t h = 0; h < w.heads(); ++h)
+    for (std::size_t i = 0; i < w.runs().size(); ++i)
+      for (std::size_t p = 0; p < w.runs()[i].positions; ++p, at += d)
+        w.decode(i, h, p, std::span(out).subspan(at, d));
+  return out;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(turboquant_options_are_checked_before_anything_is_allocated) {
+  for (auto [o, words] : {std::pair{bits(1), "key_bits 1"}, std::pair{bits(5), "key_bits 5"},
+                          std::pair{turboquant_options{.value_bits = 1}, "value_bits 1"}}) {
+    trace::recorder rec(8);
+    BOOST_CHECK_EXCEPTION(turboquant_kv_cache_store(shape(8, 4), o, {}, rec),
+                          std::invalid_argument,
+                          [&](const auto& e) { return mentions(e, {words, "2..4"}); });
+    BOOST_TEST(rec.emitted() == 0u);
+  }
+  trace::recorder rec(8);
+  BOOST_CHECK_EXCEPTION(ringkv::int8_kv_cache_store(shape(8, 4), ring(4), rec),
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"int8_kv_cache_store", "keep 4"}); });
+  BOOST_CHECK_EXCEPTION(turboquant_kv_cache_store(shape(8, 4), {}, {.slack = 1}, rec),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"turboquant_kv_cache_store", "slack 1"});
+                        });
+  BOOST_TEST(rec.emitted() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_memory_report_is_codes_norms_sketches_rotations_and_codebooks) {
+  struct cse {
+    std::size_t d;
+    unsigned key_bits, value_bits;
+    bool qjl;
+  };
+  for (const cse& c : {cse{64, 4, 4, true}, cse{96, 3, 2, false}, cse{128, 4, 4, false}}) {
+    BOOST_TEST_CONTEXT("D " << c.d << " qjl " << c.qjl) {
+      const std::size_t layers = 2, heads = 2, capacity = 4096, rows = heads * capacity;
+      turboquant_kv_cache_store s(shape(c.d, capacity, heads, layers),
+                                  {.key_bits = c.key_bits, .value_bits = c.value_bits, .qjl = c.qjl},
+                                  ring());
+      const unsigned kb = c.key_bits - c.qjl;
+      const bool pow2 = (c.d & (c.d - 1)) == 0;
+      const std::size_t rotation = heads * (pow2 ? c.d : c.d * c.d) * 4;
+      std::size_t keys = rows * ((c.d * kb + 7) / 8) + rows * 4 + rotation;
+      if (c.qjl) keys += rows * (c.d / 8) + rows * 4 + heads * c.d * c.d * 4;
+      const std::size_t values = rows * ((c.d * c.value_bits + 7) / 8) + rows * 4;
+      const auto m = s.memory();
+      BOOST_TEST(m.keys.physical_bytes == layers * keys + (4u << kb));
+      BOOST_TEST(m.values.physical_bytes == layers * values + (4u << c.value_bits));
+      BOOST_TEST(m.physical_bytes == m.keys.physical_bytes + m.values.physical_bytes);
+      const double f32 = 2.0 * layers * rows * c.d * 4;
+      BOOST_TEST(m.compression_ratio == f32 / double(m.physical_bytes));
+      BOOST_TEST_MESSAGE("TurboQuant D " << c.d << " K" << c.key_bits << (c.qjl ? "+QJL" : "")
+                                         << "/V" << c.value_bits << ", capacity 4096: "
+                                         << m.physical_bytes << " bytes, ratio "
+                                         << m.compression_ratio);
+      BOOST_TEST(m.logical_bytes == 0u);
+      store_test::rows r(s.config());
+      r.append_all(s, 5);
+      BOOST_TEST(s.memory().keys.logical_bytes == layers * 5 * heads * c.d * 4);
+    }
+  }
+  ringkv::int8_kv_cache_store i8(shape(96, 100, 4, 3));
+  const auto m = i8.memory();
+  BOOST_TEST(m.keys.physical_bytes == 3u * (4 * 100 * 96 + 4 * 100 * 4));
+  BOOST_TEST(m.physical_bytes == 2 * m.keys.physical_bytes);
+  BOOST_TEST(m.compression_ratio == (2.0 * 3 * 4 * 100 * 96 * 4) / double(m.physical_bytes));
+}
+
+BOOST_AUTO_TEST_CASE(int8_rows_are_within_half_a_step_of_the_original) {
+  ringkv::int8_kv_cache_store s(shape(37, 3, 2), ring());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> row(74), zero(74, 0.0f);
+  double worst = 0;
+  for (int t = 0; t < 50; ++t) {
+    for (float& x : row) x = normal(rng);
+    const std::size_t p = s.append(0, row, zero);
+    const auto back = read(s, kv_side::keys, 0, p, p + 1);
+    for (std::size_t h = 0; h < 2; ++h) {
+      double absmax = 0;
+      for (std::size_t i = 0; i < 37; ++i) absmax = std::max(absmax, std::fabs(double(row[h * 37 + i])));
+      for (std::size_t i = 0; i < 37; ++i)
+        worst = std::max(worst, std::fabs(double(back[h * 37 + i]) - row[h * 37 + i]) / (absmax / 127));
+    }
+    BOOST_TEST((read(s, kv_side::values, 0, p, p + 1) == zero));  // a zero row stays zero
+  }
+  BOOST_TEST_MESSAGE("int8: worst error " << worst << " steps (absmax/127)");
+  BOOST_TEST(worst <= 0.5 + 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_do) {
+  const kv_cache_config c = shape(16, 6, 2, 2);
+  trace::recorder rec(64);
+  turboquant_kv_cache_store tq(c, bits(3, true), ring(2), rec);
+  ringkv::int8_kv_cache_store i8(c, ring(2), rec);
+  store_test::rows r(c);
+  r.append_all(tq, 12);  // held 0, 1, [8, 12): slots 2..5 hold 10, 11, 8, 9
+  r.append_all(i8, 12);
+  ringkv::scope arena(1 << 16, rec);
+  for (const ringkv::kv_cache_store* s : {static_cast<const ringkv::kv_cache_store*>(&tq),
+                                          static_cast<const ringkv::kv_cache_store*>(&i8)})
+    for (kv_side side : {kv_side::keys, kv_side::values}) {
+      const bool keys = side == kv_side::keys;
+      auto window = [&](std::size_t from, std::size_t to) {
+        if (s == &tq) return keys ? tq.compressed_key_window(1, from, to) : tq.compressed_value_window(1, from, to);
+        return keys ? i8.compressed_key_window(1, from, to) : i8.compressed_value_window(1, from, to);
+      };
+      const auto w = window(8, 12);
+      BOOST_TEST(store_test::positions_of(w) == (std::vector<std::size_t>{0, 1, 8, 9, 10, 11}),
+                 boost::test_tools::per_element());
+      BOOST_TEST(w.runs().size() == 3u);
+      BOOST_TEST(w.wrapped());
+      BOOST_TEST(w.run_first_position(2) == 10u);
+      BOOST_TEST(w.end_position() == 12u);
+      // Row for row what read_keys/read_values give: sinks, then [8, 12).
+      std::vector<float> expected;
+      const auto sinks = read(*s, side, 1, 0, 2), rolling = read(*s, side, 1, 8, 12);
+      for (std::size_t h = 0; h < 2; ++h) {
+        expected.insert(expected.end(), sinks.begin() + h * 32, sinks.begin() + (h + 1) * 32);
+        expected.insert(expected.end(), rolling.begin() + h * 64, rolling.begin() + (h + 1) * 64);
+      }
+      BOOST_TEST((decoded(w) == expected));
+      // The defaulted scope window dequantizes once and says so.
+      rec.clear();
+      const auto copy = keys ? s->key_window(1, 8, 12, arena) : s->value_window(1, 8, 12, arena);
+      BOOST_TEST(store_test::positions_of(copy) == store_test::positions_of(w),
+                 boost::test_tools::per_element());
+      auto adapters = rec.of<trace::adapter_inserted>();
+      BOOST_REQUIRE(count(adapters) == 1);
+      BOOST_TEST((*ranges::begin(adapters)).kind == "dequantize-kv-window");
+      BOOST_TEST((*ranges::begin(adapters)).target == (keys ? "keys" : "values"));
+      BOOST_TEST((*ranges::begin(adapters)).bytes == 6u * 2u * 16u * 4u);
+      BOOST_CHECK_EXCEPTION(window(7, 12), std::out_of_range, [](const auto& e) {
+        return mentions(e, {"compressed_", "from 7", "window_start 8"});
+      });
+      BOOST_CHECK_EXCEPTION(window(2, 2).empty() ? window(0, 13) : window(0, 13), std::out_of_range,
+                            [](const auto& e) { return mentions(e, {"to 13", "length 12"}); });
+      arena.reset();
+    }
+  BOOST_CHECK_THROW(tq.compressed_key_window(2, 0, 1), std::out_of_range);
+  const auto w = tq.compressed_key_window(0, 9, 12);
+  std::vector<float> row(15);
+  BOOST_CHECK_EXCEPTION(w.decode(0, 0, 0, row), std::out_of_range,
+                        [](const auto& e) { return mentions(e, {"out of 15", "head_dim 16"}); });
+  BOOST_CHECK_THROW(w.decode(3, 0, 0, std::span(row.data(), 1)), std::out_of_range);
+}
+
+BOOST_AUTO_TEST_CASE(refused_appends_change_nothing) {
+  turboquant_kv_cache_store s(shape(8, 4, 2, 2), bits(2, true), ring(1));
+  store_test::rows r(s.config());
+  r.append_all(s, 6);
+  const auto before = store_test::snap(s);
+  std::vector<float> short_row(15);
+  BOOST_CHECK_EXCEPTION(s.append(0, short_row, r.value), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"key has 15", "= 16"}); });
+  BOOST_CHECK_EXCEPTION(s.append(2, r.key, r.value), std::out_of_range,
+                        [](const auto& e) { return mentions(e, {"layer 2", "layers 2"}); });
+  ringkv::int8_kv_cache_store dense(shape(8, 2));
+  store_test::rows one(dense.config());
+  one.append_all(dense, 2);
+  BOOST_CHECK_EXCEPTION(one.append(dense, 0), ringkv::cache_full,
+                        [](const auto& e) { return mentions(e, {"int8_kv_cache_store", "capacity 2"}); });
+  BOOST_TEST(dense.length(0) == 2u);
+  BOOST_TEST((store_test::snap(s) == before));
+}
+
+BOOST_AUTO_TEST_CASE(appends_windows_and_reads_on_wrapped_compressed_rings_allocate_nothing) {
+  for (std::size_t d : {8u, 6u}) {
+    trace::recorder rec(256);
+    const kv_cache_config c = shape(d, 16, 4, 2);
+    turboquant_kv_cache_store tq(c, bits(4, true), ring(2, 2), rec);
+    ringkv::int8_kv_cache_store i8(c, ring(2, 2), rec);
+    store_test::rows r(c);
+    r.append_all(tq, 20);
+    r.append_all(i8, 20);
+    std::vector<float> out(16 * 4 * d), row(d);
+    rec.clear();
+    double sum = 0;
+    ringkv_test::new_counter counter;
+    for (int i = 0; i < 500; ++i)
+      for (std::size_t l = 0; l < 2; ++l) {
+        const std::size_t p = r.append(tq, l);
+        BOOST_REQUIRE(r.append(i8, l) == p);
+        const auto q = tq.query_window(p);
+        for (const auto& w : {tq.compressed_key_window(l, q.from, q.to),
+                              tq.compressed_value_window(l, q.from, q.to),
+                              i8.compressed_key_window(l, q.from, q.to),
+                              i8.compressed_value_window(l, q.from, q.to)}) {
+          w.decode(0, 1, 0, row);
+          sum += row[0];
+        }
+        tq.read_keys(l, q.from, q.to, std::span(out).first(q.size() * 4 * d));
+        i8.read_values(l, q.from, q.to, std::span(out).first(q.size() * 4 * d));
+        sum += out[0];
+      }
+    const auto calls = counter.calls();
+    BOOST_TEST_MESSAGE("head_dim " << d << ": operator new calls over 2 x 1000 appends, 4000 "
+                                   "compressed windows, 2000 reads: " << calls
+                                   << "; trace events: " << rec.emitted());
+    BOOST_TEST(calls == 0u);
+    BOOST_TEST(count(rec.of<trace::allocation>()) == 0);
+    BOOST_TEST(rec.emitted() == 0u);
+    BOOST_TEST(std::isfinite(sum));
+  }
+}
