@@ -25,6 +25,7 @@ set(RINGKV_SOURCES
   src/quant_codebook.cpp
   src/quant_rotation.cpp
   src/quant_window.cpp
+  src/quant_store.cpp
   src/quant_turbo.cpp
   src/quant_int8.cpp
 )

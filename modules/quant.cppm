@@ -150,13 +150,46 @@ class compressed_window {
   std::size_t length_ = 0;
 };
 
+/// A slot store whose rows are compressed: reads decode through the same row codec the kernels
+/// use, windows are compressed_window over the store's buffers, and the defaulted scope windows
+/// announce their copy as adapter_inserted{"dequantize-kv-window"}. Derived stores encode rows
+/// and say where a side's buffers are (window_of).
+class compressed_kv_cache_store : public slotted_kv_cache_store {
+ public:
+  /// Dequantized rows, positions in order across the wrap; O(rows · row decode).
+  void read_keys(std::size_t layer, std::size_t from, std::size_t to,
+                 std::span<float> out) const final;
+  void read_values(std::size_t layer, std::size_t from, std::size_t to,
+                   std::span<float> out) const final;
+  /// The window [from, to) plus its sinks over the store's own buffers (one run, two across the
+  /// ring's end, plus the pinned run): O(1), no allocation, nothing emitted. Refuses positions
+  /// not held (std::out_of_range).
+  compressed_window compressed_key_window(std::size_t layer, std::size_t from,
+                                          std::size_t to) const;
+  compressed_window compressed_value_window(std::size_t layer, std::size_t from,
+                                            std::size_t to) const;
+
+ protected:
+  using slotted_kv_cache_store::slotted_kv_cache_store;
+  std::string_view copy_kind() const noexcept final { return "dequantize-kv-window"; }
+  /// The compressed window of `side` of `layer` over `slots`; O(1).
+  virtual compressed_window window_of(kv_side side, std::size_t layer,
+                                      const slot_runs& slots) const = 0;
+
+ private:
+  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
+                           std::size_t to) const;
+  void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
+            std::span<float> out) const;
+};
+
 /// A TurboQuant store: per layer and side traced buffers of bit-packed codes [kv_heads][capacity]
 /// and f32 norms (with qjl, keys also sign bits and f32 residual norms), plus per layer the
 /// rotations (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
 /// every coordinate of a row, so their error would be a bias, and f16 overflows at 65504; at
 /// head_dim 128 and 4 bits they cost 4 of 68 bytes a row. Same slots, ring, keep, slack,
 /// truncate and refusals as default_kv_cache_store. Nothing is allocated after construction.
-class turboquant_kv_cache_store final : public slotted_kv_cache_store {
+class turboquant_kv_cache_store final : public compressed_kv_cache_store {
  public:
   /// Validates config, options (bits in 2..4, std::invalid_argument naming the field) and
   /// store options, computes the codebooks (cached) and the per-head rotations/projections and
@@ -169,28 +202,16 @@ class turboquant_kv_cache_store final : public slotted_kv_cache_store {
   /// with qjl or a dense rotation; no allocation.
   std::size_t append(std::size_t layer, std::span<const float> key,
                      std::span<const float> value) override;
-  /// Dequantized rows (codebook values, exact inverse rotation, times the norm; QJL adds
-  /// ‖r‖·qjl_scale·Sᵀ·signs), positions in order across the wrap; O(rows · decode).
-  void read_keys(std::size_t layer, std::size_t from, std::size_t to,
-                 std::span<float> out) const override;
-  void read_values(std::size_t layer, std::size_t from, std::size_t to,
-                   std::span<float> out) const override;
   /// Physical: codes, norms, QJL signs and residual norms, rotations, projections, codebooks.
   memory_report memory() const override;
-
-  /// The window [from, to) plus its sinks over the store's own code buffers: O(1), no
-  /// allocation, nothing emitted.
-  compressed_window compressed_key_window(std::size_t layer, std::size_t from,
-                                          std::size_t to) const;
-  compressed_window compressed_value_window(std::size_t layer, std::size_t from,
-                                            std::size_t to) const;
 
   turboquant_options quant_options() const noexcept { return quant_; }
   /// The rotation of (layer, kv head).
   const random_rotation& rotation(std::size_t layer, std::size_t head) const;
 
  protected:
-  std::string_view copy_kind() const noexcept override { return "dequantize-kv-window"; }
+  compressed_window window_of(kv_side side, std::size_t layer,
+                              const slot_runs& slots) const override;
 
  private:
   struct side_buffers {
@@ -203,11 +224,6 @@ class turboquant_kv_cache_store final : public slotted_kv_cache_store {
   };
 
   compressed_format format(kv_side side, std::size_t layer) const noexcept;
-  compressed_window window_of(kv_side side, std::size_t layer, const slot_runs& slots) const;
-  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
-                           std::size_t to) const;
-  void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
-            std::span<float> out) const;
   void encode(kv_side side, std::size_t layer, std::size_t slot, std::span<const float> row);
 
   turboquant_options quant_;
@@ -220,7 +236,7 @@ class turboquant_kv_cache_store final : public slotted_kv_cache_store {
 /// An int8 store: per layer and side int8 codes [kv_heads][capacity][head_dim] and one f32 scale
 /// (absmax/127) per row; x ≈ scale · code, rounding to nearest. Same slot semantics as
 /// default_kv_cache_store; nothing is allocated after construction.
-class int8_kv_cache_store final : public slotted_kv_cache_store {
+class int8_kv_cache_store final : public compressed_kv_cache_store {
  public:
   /// Validates config and store options and allocates 4 traced buffers per layer.
   explicit int8_kv_cache_store(kv_cache_config config, store_options store = {},
@@ -229,22 +245,12 @@ class int8_kv_cache_store final : public slotted_kv_cache_store {
   /// O(kv_heads · head_dim), no allocation.
   std::size_t append(std::size_t layer, std::span<const float> key,
                      std::span<const float> value) override;
-  /// scale · code per element, positions in order across the wrap; O(rows · head_dim).
-  void read_keys(std::size_t layer, std::size_t from, std::size_t to,
-                 std::span<float> out) const override;
-  void read_values(std::size_t layer, std::size_t from, std::size_t to,
-                   std::span<float> out) const override;
   /// Physical: codes and scales.
   memory_report memory() const override;
 
-  /// Windows over the store's own codes and scales; O(1), no allocation.
-  compressed_window compressed_key_window(std::size_t layer, std::size_t from,
-                                          std::size_t to) const;
-  compressed_window compressed_value_window(std::size_t layer, std::size_t from,
-                                            std::size_t to) const;
-
  protected:
-  std::string_view copy_kind() const noexcept override { return "dequantize-kv-window"; }
+  compressed_window window_of(kv_side side, std::size_t layer,
+                              const slot_runs& slots) const override;
 
  private:
   struct side_buffers {
@@ -254,9 +260,6 @@ class int8_kv_cache_store final : public slotted_kv_cache_store {
     side_buffers keys, values;
   };
   compressed_format format() const noexcept;
-  compressed_window window_of(kv_side side, std::size_t layer, const slot_runs& slots) const;
-  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
-                           std::size_t to) const;
 
   std::vector<layer_state> layers_;
 };

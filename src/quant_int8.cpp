@@ -15,7 +15,7 @@ namespace ringkv {
 
 int8_kv_cache_store::int8_kv_cache_store(kv_cache_config config, store_options store,
                                          trace::sink& sink)
-    : slotted_kv_cache_store(config, store, "int8_kv_cache_store", sink) {
+    : compressed_kv_cache_store(config, store, "int8_kv_cache_store", sink) {
   const std::size_t rows = this->config().kv_heads * this->config().capacity;
   layers_.reserve(this->config().layers);
   for (std::size_t l = 0; l < this->config().layers; ++l)
@@ -60,38 +60,6 @@ compressed_window int8_kv_cache_store::window_of(kv_side side, std::size_t layer
   const side_buffers& b = side == kv_side::keys ? layers_[layer].keys : layers_[layer].values;
   return detail::window_over(format(), slots.view(), config().capacity, b.codes.data(),
                              b.scales.as<float>().data(), nullptr, nullptr);
-}
-
-compressed_window int8_kv_cache_store::window(kv_side side, std::size_t layer, std::size_t from,
-                                              std::size_t to) const {
-  return window_of(side, layer,
-                   window_slots(side == kv_side::keys ? "int8_kv_cache_store::compressed_key_window"
-                                                      : "int8_kv_cache_store::compressed_value_window",
-                                layer, from, to));
-}
-
-compressed_window int8_kv_cache_store::compressed_key_window(std::size_t layer, std::size_t from,
-                                                             std::size_t to) const {
-  return window(kv_side::keys, layer, from, to);
-}
-
-compressed_window int8_kv_cache_store::compressed_value_window(std::size_t layer,
-                                                               std::size_t from,
-                                                               std::size_t to) const {
-  return window(kv_side::values, layer, from, to);
-}
-
-void int8_kv_cache_store::read_keys(std::size_t layer, std::size_t from, std::size_t to,
-                                    std::span<float> out) const {
-  const char* who = "int8_kv_cache_store::read_keys";
-  detail::decode_window(window_of(kv_side::keys, layer, read_slots(who, layer, from, to, out)), out);
-}
-
-void int8_kv_cache_store::read_values(std::size_t layer, std::size_t from, std::size_t to,
-                                      std::span<float> out) const {
-  const char* who = "int8_kv_cache_store::read_values";
-  detail::decode_window(window_of(kv_side::values, layer, read_slots(who, layer, from, to, out)),
-                        out);
 }
 
 memory_report int8_kv_cache_store::memory() const {

@@ -41,7 +41,7 @@ std::size_t code_bytes(std::size_t d, unsigned bits) { return (d * bits + 7) / 8
 turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
                                                      turboquant_options options,
                                                      store_options store, trace::sink& sink)
-    : slotted_kv_cache_store(config, store, "turboquant_kv_cache_store", sink),
+    : compressed_kv_cache_store(config, store, "turboquant_kv_cache_store", sink),
       quant_(checked(options)),
       key_book_(&lloyd_max_codebook(config.head_dim, options.key_bits - (options.qjl ? 1 : 0))),
       value_book_(&lloyd_max_codebook(config.head_dim, options.value_bits)),
@@ -164,43 +164,6 @@ compressed_window turboquant_kv_cache_store::window_of(kv_side side, std::size_t
                              b.codes.data(), b.scales.as<float>().data(),
                              b.signs.empty() ? nullptr : b.signs.data(),
                              b.residual_norms.empty() ? nullptr : b.residual_norms.as<float>().data());
-}
-
-compressed_window turboquant_kv_cache_store::window(kv_side side, std::size_t layer,
-                                                    std::size_t from, std::size_t to) const {
-  return window_of(side, layer,
-                   window_slots(side == kv_side::keys
-                                    ? "turboquant_kv_cache_store::compressed_key_window"
-                                    : "turboquant_kv_cache_store::compressed_value_window",
-                                layer, from, to));
-}
-
-compressed_window turboquant_kv_cache_store::compressed_key_window(std::size_t layer,
-                                                                   std::size_t from,
-                                                                   std::size_t to) const {
-  return window(kv_side::keys, layer, from, to);
-}
-
-compressed_window turboquant_kv_cache_store::compressed_value_window(std::size_t layer,
-                                                                     std::size_t from,
-                                                                     std::size_t to) const {
-  return window(kv_side::values, layer, from, to);
-}
-
-void turboquant_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,
-                                     std::size_t from, std::size_t to,
-                                     std::span<float> out) const {
-  detail::decode_window(window_of(side, layer, read_slots(who, layer, from, to, out)), out);
-}
-
-void turboquant_kv_cache_store::read_keys(std::size_t layer, std::size_t from, std::size_t to,
-                                          std::span<float> out) const {
-  read(kv_side::keys, "turboquant_kv_cache_store::read_keys", layer, from, to, out);
-}
-
-void turboquant_kv_cache_store::read_values(std::size_t layer, std::size_t from, std::size_t to,
-                                            std::span<float> out) const {
-  read(kv_side::values, "turboquant_kv_cache_store::read_values", layer, from, to, out);
 }
 
 memory_report turboquant_kv_cache_store::memory() const {

@@ -359,7 +359,7 @@ BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_
       BOOST_TEST((*ranges::begin(adapters)).target == (keys ? "keys" : "values"));
       BOOST_TEST((*ranges::begin(adapters)).bytes == 6u * 2u * 16u * 4u);
       BOOST_CHECK_EXCEPTION(window(7, 12), std::out_of_range, [](const auto& e) {
-        return mentions(e, {"compressed_", "from 7", "window_start 8"});
+        return mentions(e, {"compressed_key_window", "from 7", "window_start 8"}) || mentions(e, {"compressed_value_window", "from 7"});
       });
       BOOST_CHECK_EXCEPTION(window(2, 2).empty() ? window(0, 13) : window(0, 13), std::out_of_range,
                             [](const auto& e) { return mentions(e, {"to 13", "length 12"}); });
