@@ -33,6 +33,12 @@ struct codebook {
 /// evenly spaced levels from −1 to 1. Throws std::invalid_argument for dim 0 or bits outside 1..4.
 const codebook& lloyd_max_codebook(std::size_t dim, unsigned bits);
 
+/// Floats of a rotation state of R^dim: dim for a power of two (Hadamard signs), else dim²; O(1).
+std::size_t rotation_floats(std::size_t dim) noexcept;
+/// Writes the state of the seeded rotation of R^dim (see random_rotation) to `state`
+/// (rotation_floats(dim) floats); O(dim) or O(dim³).
+void fill_rotation(std::size_t dim, std::uint64_t seed, std::span<float> state);
+
 /// A fixed random orthogonal map of R^dim from a seed: for a power-of-two dim a randomized
 /// Hadamard transform (random signs, then the fast Walsh–Hadamard transform scaled by
 /// 1/sqrt(dim)); otherwise a Haar-random orthogonal matrix (QR of a Gaussian matrix in double,
@@ -88,9 +94,11 @@ struct compressed_format {
   std::size_t code_bytes = 0;    // per row: ceil(head_dim · bits / 8), LSB-first bit stream
   bool qjl = false;              // rows carry sign bits and a residual norm
   std::size_t sign_bytes = 0;    // per row: ceil(head_dim / 8) when qjl
-  const float* centroids = nullptr;              // 2^bits levels (turboquant)
-  const random_rotation* rotations = nullptr;    // [heads] (turboquant)
-  const float* projections = nullptr;            // [heads][head_dim][head_dim] S (qjl)
+  const float* centroids = nullptr;    // 2^bits levels (turboquant)
+  const float* rotations = nullptr;    // [heads][rotation_floats] states (turboquant)
+  std::size_t rotation_floats = 0;     // head_dim (Hadamard) or head_dim² per head
+  bool hadamard = false;               // head_dim is a power of two
+  const float* projections = nullptr;  // [heads][head_dim][head_dim] S (qjl)
 };
 
 /// One run of compressed rows: `positions` consecutive positions of every head. Row (h, i) is at
@@ -185,7 +193,7 @@ class compressed_kv_cache_store : public slotted_kv_cache_store {
 
 /// A TurboQuant store: per layer and side traced buffers of bit-packed codes [kv_heads][capacity]
 /// and f32 norms (with qjl, keys also sign bits and f32 residual norms), plus per layer the
-/// rotations (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
+/// rotation states (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
 /// every coordinate of a row, so their error would be a bias, and f16 overflows at 65504; at
 /// head_dim 128 and 4 bits they cost 4 of 68 bytes a row. Same slots, ring, keep, slack,
 /// truncate and refusals as default_kv_cache_store. Nothing is allocated after construction.
@@ -206,8 +214,6 @@ class turboquant_kv_cache_store final : public compressed_kv_cache_store {
   memory_report memory() const override;
 
   turboquant_options quant_options() const noexcept { return quant_; }
-  /// The rotation of (layer, kv head).
-  const random_rotation& rotation(std::size_t layer, std::size_t head) const;
 
  protected:
   compressed_window window_of(kv_side side, std::size_t layer,
@@ -219,8 +225,8 @@ class turboquant_kv_cache_store final : public compressed_kv_cache_store {
   };
   struct layer_state {
     side_buffers keys, values;
-    std::vector<random_rotation> rotations;  // [kv_heads]
-    storage projections;                     // [kv_heads][d][d] when qjl
+    storage rotations;    // [kv_heads][rotation_floats(head_dim)]
+    storage projections;  // [kv_heads][d][d] when qjl
   };
 
   compressed_format format(kv_side side, std::size_t layer) const noexcept;
@@ -267,12 +273,6 @@ class int8_kv_cache_store final : public compressed_kv_cache_store {
 }  // namespace ringkv
 
 namespace ringkv::detail {
-// Bit-packed codes: `bits` per value, LSB-first in a byte stream.
-void pack_codes(std::span<const std::uint8_t> codes, unsigned bits, std::byte* out) noexcept;
-std::uint8_t code_at(const std::byte* packed, unsigned bits, std::size_t i) noexcept;
-// Decodes one row of `format` for head h into out (head_dim floats).
-void decode_row(const compressed_format& format, std::size_t h, const compressed_view& v,
-                std::size_t p, std::span<float> out) noexcept;
 // Decodes every row of `w` into out [heads, w.length(), head_dim] (sized by the caller).
 void decode_window(const compressed_window& w, std::span<float> out) noexcept;
 // Builds compressed runs from slot runs over side buffers laid out [heads][capacity].

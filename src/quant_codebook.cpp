@@ -12,6 +12,7 @@ module;
 #include <string>
 #include <utility>
 #include <vector>
+#include "quant_codec.h"
 module ringkv.quant;
 
 namespace ringkv {
@@ -117,8 +118,6 @@ const codebook& lloyd_max_codebook(std::size_t dim, unsigned bits) {
   return *slot;
 }
 
-double qjl_scale(std::size_t dim) noexcept {
-  return std::sqrt(std::acos(-1.0) / 2.0) / double(dim);
-}
+double qjl_scale(std::size_t dim) noexcept { return codec::qjl_scale(dim); }
 
 }  // namespace ringkv

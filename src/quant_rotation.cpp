@@ -6,7 +6,10 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
+#include "quant_codec.h"
 module ringkv.quant;
 
 namespace ringkv {
@@ -27,18 +30,6 @@ struct splitmix {
     return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * std::acos(-1.0) * v);
   }
 };
-
-// In place, unnormalised: x ← H·x, H the Sylvester Hadamard matrix of size x.size() (2^k).
-void walsh_hadamard(std::span<float> x) noexcept {
-  const std::size_t n = x.size();
-  for (std::size_t h = 1; h < n; h *= 2)
-    for (std::size_t i = 0; i < n; i += 2 * h)
-      for (std::size_t j = i; j < i + h; ++j) {
-        const float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-}
 
 // Haar-random orthogonal matrix: Gram–Schmidt (twice, for orthogonality to rounding) on the
 // columns of a Gaussian matrix, which is QR with R's diagonal positive.
@@ -65,12 +56,16 @@ void haar_orthogonal(std::size_t d, splitmix& rng, std::span<float> out) {
 
 }  // namespace
 
-random_rotation::random_rotation(std::size_t dim, std::uint64_t seed, trace::sink& sink)
-    : dim_(dim), hadamard_(std::has_single_bit(dim)),
-      state_((hadamard_ ? dim : dim * dim) * sizeof(float), "rotation", sink) {
+std::size_t rotation_floats(std::size_t dim) noexcept {
+  return std::has_single_bit(dim) ? dim : dim * dim;
+}
+
+void fill_rotation(std::size_t dim, std::uint64_t seed, std::span<float> state) {
+  if (state.size() != rotation_floats(dim))
+    throw std::invalid_argument("ringkv::fill_rotation: state has " + std::to_string(state.size()) +
+                                " floats, expected " + std::to_string(rotation_floats(dim)));
   splitmix rng{seed};
-  const std::span<float> state = state_.as<float>();
-  if (hadamard_) {
+  if (std::has_single_bit(dim)) {
     const float s = float(1.0 / std::sqrt(double(dim)));
     for (float& x : state) x = (rng.next() >> 63) ? -s : s;
   } else {
@@ -78,39 +73,18 @@ random_rotation::random_rotation(std::size_t dim, std::uint64_t seed, trace::sin
   }
 }
 
+random_rotation::random_rotation(std::size_t dim, std::uint64_t seed, trace::sink& sink)
+    : dim_(dim), hadamard_(std::has_single_bit(dim)),
+      state_(rotation_floats(dim) * sizeof(float), "rotation", sink) {
+  fill_rotation(dim, seed, state_.as<float>());
+}
+
 void random_rotation::apply(std::span<const float> in, std::span<float> out) const noexcept {
-  const std::size_t d = dim_;
-  const float* state = state_.as<float>().data();
-  if (hadamard_) {  // (1/√d)·H·D·in, with the signs stored as ±1/√d
-    for (std::size_t i = 0; i < d; ++i) out[i] = in[i] * state[i];
-    walsh_hadamard(out.first(d));
-    return;
-  }
-  for (std::size_t r = 0; r < d; ++r) {
-    const float* row = &state[r * d];
-    const float* x = in.data();
-    float acc = 0;
-    for (std::size_t i = 0; i < d; ++i) acc += row[i] * x[i];
-    out[r] = acc;
-  }
+  codec::rotate(state_.as<float>().data(), hadamard_, dim_, in.data(), out.data());
 }
 
 void random_rotation::apply_inverse(std::span<const float> in, std::span<float> out) const noexcept {
-  const std::size_t d = dim_;
-  const float* state = state_.as<float>().data();
-  if (hadamard_) {  // D·(1/√d)·H·in: H is symmetric and H·H = d·I
-    for (std::size_t i = 0; i < d; ++i) out[i] = in[i];
-    walsh_hadamard(out.first(d));
-    for (std::size_t i = 0; i < d; ++i) out[i] *= state[i];
-    return;
-  }
-  float* y = out.data();
-  for (std::size_t i = 0; i < d; ++i) y[i] = 0;
-  for (std::size_t r = 0; r < d; ++r) {
-    const float* row = &state[r * d];
-    const float a = in[r];
-    for (std::size_t i = 0; i < d; ++i) y[i] += a * row[i];
-  }
+  codec::rotate_back(state_.as<float>().data(), hadamard_, dim_, in.data(), out.data());
 }
 
 void fill_gaussian(std::span<float> out, std::uint64_t seed) noexcept {

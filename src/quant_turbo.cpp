@@ -11,6 +11,7 @@ module;
 #include <string>
 #include <utility>
 #include <vector>
+#include "quant_codec.h"
 module ringkv.quant;
 
 namespace ringkv {
@@ -64,21 +65,12 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
     s.values.codes =
         storage(rows * code_bytes(d, value_book_->bits), "turboquant-value-codes", sink);
     s.values.scales = storage(rows * sizeof(float), "turboquant-value-norms", sink);
-    s.rotations.reserve(c.kv_heads);
+    const std::size_t rf = rotation_floats(d);
+    s.rotations = storage(c.kv_heads * rf * sizeof(float), "turboquant-rotations", sink);
     for (std::size_t h = 0; h < c.kv_heads; ++h)
-      s.rotations.emplace_back(d, mix(quant_.seed, l, h, 1), sink);
+      fill_rotation(d, mix(quant_.seed, l, h, 1), s.rotations.as<float>().subspan(h * rf, rf));
     layers_.push_back(std::move(s));
   }
-}
-
-const random_rotation& turboquant_kv_cache_store::rotation(std::size_t layer,
-                                                           std::size_t head) const {
-  check_layer("turboquant_kv_cache_store::rotation", layer);
-  if (head >= config().kv_heads)
-    throw std::out_of_range("ringkv::turboquant_kv_cache_store::rotation: head " +
-                            std::to_string(head) + " out of range (kv_heads " +
-                            std::to_string(config().kv_heads) + ")");
-  return layers_[layer].rotations[head];
 }
 
 compressed_format turboquant_kv_cache_store::format(kv_side side,
@@ -96,7 +88,9 @@ compressed_format turboquant_kv_cache_store::format(kv_side side,
                            qjl,
                            qjl ? code_bytes(d, 1) : 0,
                            book.centroids.data(),
-                           s.rotations.data(),
+                           s.rotations.as<float>().data(),
+                           rotation_floats(d),
+                           rotation_floats(d) == d,
                            qjl ? s.projections.as<float>().data() : nullptr};
 }
 
@@ -115,20 +109,21 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
     for (float v : x) sum += double(v) * v;
     const float norm = float(std::sqrt(sum));
     for (std::size_t i = 0; i < d; ++i) u[i] = norm > 0 ? float(x[i] / double(norm)) : 0.0f;
-    f.rotations[h].apply(u, y);
+    const float* rotation = f.rotations + h * f.rotation_floats;
+    codec::rotate(rotation, f.hadamard, d, u.data(), y.data());
     std::uint8_t codes[8];  // packed 8 codes at a time: `bits` bytes per group
     std::byte* out = b.codes.data() + (h * capacity + slot) * f.code_bytes;
     for (std::size_t i = 0; i < d; i += 8) {
       const std::size_t n = std::min<std::size_t>(8, d - i);
       for (std::size_t j = 0; j < n; ++j) codes[j] = book.encode(y[i + j]);
-      detail::pack_codes(std::span(codes, n), f.bits, out + i / 8 * f.bits);
+      codec::pack(codes, n, f.bits, out + i / 8 * f.bits);
     }
     b.scales.as<float>()[h * capacity + slot] = norm;
     if (!f.qjl) continue;
     // Residual of the unit direction in the original coordinates, r = u − Πᵀ·ỹ; keep ‖r‖ and
     // sign(S·r).
-    for (std::size_t i = 0; i < d; ++i) y[i] = f.centroids[detail::code_at(out, f.bits, i)];
-    f.rotations[h].apply_inverse(y, back);
+    for (std::size_t i = 0; i < d; ++i) y[i] = f.centroids[codec::code_at(out, f.bits, i)];
+    codec::rotate_back(rotation, f.hadamard, d, y.data(), back.data());
     double rn = 0;
     for (std::size_t i = 0; i < d; ++i) {
       u[i] -= back[i];
@@ -143,7 +138,7 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
         for (std::size_t i = 0; i < d; ++i) dot += s[(k + j) * d + i] * u[i];
         codes[j] = dot >= 0 ? 1 : 0;
       }
-      detail::pack_codes(std::span(codes, n), 1, signs + k / 8);
+      codec::pack(codes, n, 1, signs + k / 8);
     }
     b.residual_norms.as<float>()[h * capacity + slot] = float(std::sqrt(rn));
   }
@@ -173,7 +168,7 @@ memory_report turboquant_kv_cache_store::memory() const {
   for (const layer_state& s : layers_) {
     keys += s.keys.codes.bytes() + s.keys.scales.bytes() + s.keys.signs.bytes() +
             s.keys.residual_norms.bytes() + s.projections.bytes();
-    for (const random_rotation& r : s.rotations) keys += r.bytes();
+    keys += s.rotations.bytes();
     values += s.values.codes.bytes() + s.values.scales.bytes();
   }
   return report(keys, values);

@@ -8,72 +8,32 @@ module;
 #include <span>
 #include <stdexcept>
 #include <string>
+#include "quant_codec.h"
 module ringkv.quant;
 
 namespace ringkv {
 namespace detail {
 
-void pack_codes(std::span<const std::uint8_t> codes, unsigned bits, std::byte* out) noexcept {
-  const std::size_t bytes = (codes.size() * bits + 7) / 8;
-  std::memset(out, 0, bytes);
-  for (std::size_t i = 0; i < codes.size(); ++i) {
-    const std::size_t bit = i * bits;
-    const unsigned v = unsigned(codes[i]) << (bit % 8);
-    out[bit / 8] |= std::byte(v & 0xff);
-    if (bit % 8 + bits > 8) out[bit / 8 + 1] |= std::byte(v >> 8);
-  }
+codec::rows_format to_codec(const compressed_format& f) noexcept {
+  return codec::rows_format{f.kind == compression::int8, f.heads, f.head_dim, f.bits,
+                            f.code_bytes, f.qjl, f.sign_bytes, f.centroids, f.rotations,
+                            f.rotation_floats, f.hadamard, f.projections};
 }
 
-std::uint8_t code_at(const std::byte* packed, unsigned bits, std::size_t i) noexcept {
-  const std::size_t bit = i * bits;
-  unsigned v = unsigned(packed[bit / 8]) >> (bit % 8);
-  if (bit % 8 + bits > 8) v |= unsigned(packed[bit / 8 + 1]) << (8 - bit % 8);
-  return std::uint8_t(v & ((1u << bits) - 1));
-}
-
-void decode_row(const compressed_format& f, std::size_t h, const compressed_view& v,
-                std::size_t p, std::span<float> out) noexcept {
-  const std::size_t d = f.head_dim, row = h * v.head_stride + p;
-  const std::byte* codes = v.codes + row * f.code_bytes;
-  const float scale = v.scales[row];
-  if (f.kind == compression::int8) {
-    for (std::size_t i = 0; i < d; ++i)
-      out[i] = scale * float(static_cast<std::int8_t>(codes[i]));
-    return;
-  }
-  const random_rotation& rotation = f.rotations[h];
-  if (rotation.hadamard()) {  // codebook values, then the exact inverse rotation in place
-    for (std::size_t i = 0; i < d; ++i) out[i] = f.centroids[code_at(codes, f.bits, i)];
-    rotation.apply_inverse(out, out);
-  } else {  // Πᵀ·y = Σ_r y_r · (row r of Π), streaming the codes
-    const float* m = rotation.state().data();
-    float* x = out.data();
-    for (std::size_t i = 0; i < d; ++i) x[i] = 0;
-    for (std::size_t r = 0; r < d; ++r) {
-      const float y = f.centroids[code_at(codes, f.bits, r)];
-      for (std::size_t i = 0; i < d; ++i) x[i] += y * m[r * d + i];
-    }
-  }
-  for (std::size_t i = 0; i < d; ++i) out[i] *= scale;
-  if (!f.qjl) return;
-  // + ‖x‖·‖r‖·sqrt(π/2)/d · Sᵀ·sign(S·r): the QJL dequantization of the residual.
-  const std::byte* signs = v.signs + row * f.sign_bytes;
-  const float gamma = float(scale * v.residual_norms[row] * qjl_scale(d));
-  const float* s = f.projections + h * d * d;
-  float* x = out.data();
-  for (std::size_t k = 0; k < d; ++k) {
-    const float z = code_at(signs, 1, k) ? gamma : -gamma;
-    for (std::size_t i = 0; i < d; ++i) x[i] += z * s[k * d + i];
-  }
+codec::rows_run to_codec(const compressed_view& v, std::size_t first) noexcept {
+  return codec::rows_run{v.codes, v.scales, v.signs, v.residual_norms, first, v.positions,
+                         v.head_stride};
 }
 
 void decode_window(const compressed_window& w, std::span<float> out) noexcept {
   const std::size_t d = w.head_dim();
+  const codec::rows_format f = to_codec(w.format());
   float* dst = out.data();
   for (std::size_t h = 0; h < w.heads(); ++h)
-    for (const compressed_view& v : w.runs())
-      for (std::size_t p = 0; p < v.positions; ++p, dst += d)
-        decode_row(w.format(), h, v, p, std::span(dst, d));
+    for (const compressed_view& v : w.runs()) {
+      const codec::rows_run run = to_codec(v, 0);
+      for (std::size_t p = 0; p < v.positions; ++p, dst += d) codec::decode_row(f, h, run, p, dst);
+    }
 }
 
 compressed_window window_over(const compressed_format& f,
@@ -140,7 +100,8 @@ void compressed_window::decode(std::size_t i, std::size_t h, std::size_t p,
                             " of " + std::to_string(format_.heads) + ", position " +
                             std::to_string(p) + ", out of " + std::to_string(out.size()) +
                             " floats (head_dim " + std::to_string(format_.head_dim) + ")");
-  detail::decode_row(format_, h, views_[i], p, out);
+  codec::decode_row(detail::to_codec(format_), h, detail::to_codec(views_[i], starts_[i]), p,
+                    out.data());
 }
 
 }  // namespace ringkv
