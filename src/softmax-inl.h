@@ -144,23 +144,39 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
                              c.rescale[h], s.acc + h * head_dim);
 }
 
-/// Continues the chunk's state `s` (its rows) over the window positions in [from, to), one
-/// block of absolute positions at a time; blocks that hold no window position are skipped.
+/// Continues the chunk's state `s` (its rows) over the positions of `positions` in [from, to),
+/// one block of absolute positions at a time; blocks that hold no window position are skipped.
+/// collect(pos, end, b) fills b's K and V rows of positions [pos, end) and returns how many;
+/// adjust(b) may change the block's scores before the softmax step (e.g. add a correction).
+template <class Loader, class Collect, class Adjust>
+HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
+                             std::size_t from, std::size_t to, const state& s, Collect&& collect,
+                             Adjust&& adjust) {
+  const DF d;
+  block_rows b;
+  const std::size_t hi = std::min(to, WindowEnd(positions));
+  for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
+    const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
+    b.n = collect(pos, end, b);
+    ScoreBlock<Loader>(d, head_dim, c, b);
+    adjust(b);
+    ExpBlock(c, s);
+    AccumulateBlock<Loader>(d, head_dim, c, b, s);
+    pos = NextPosition(positions, end);
+  }
+}
+
+/// AttendBlocks over the problem's own K/V rows.
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
-  const DF d;
-  block_rows b;
-  const std::size_t hi = std::min(to, WindowEnd(p.keys));
-  for (std::size_t pos = NextPosition(p.keys, from); pos < hi;) {
-    const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
-    b.n = CollectRows(p.keys, c.kv_head, pos, end, b.k);
-    CollectRows(p.values, c.kv_head, pos, end, b.v);
-    ScoreBlock<Loader>(d, p.head_dim, c, b);
-    ExpBlock(c, s);
-    AccumulateBlock<Loader>(d, p.head_dim, c, b, s);
-    pos = NextPosition(p.keys, end);
-  }
+  AttendBlocks<Loader>(
+      p.keys, p.head_dim, c, from, to, s,
+      [&](std::size_t pos, std::size_t end, block_rows& b) {
+        CollectRows(p.values, c.kv_head, pos, end, b.v);
+        return CollectRows(p.keys, c.kv_head, pos, end, b.k);
+      },
+      [](const block_rows&) {});
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
