@@ -21,6 +21,8 @@ set(RINGKV_SOURCES
   src/simd.cpp
   src/kernels.cpp
   src/attention.cpp
+  src/attention_compressed.cpp
+  src/quant_simd.cpp
   src/decode.cpp
   src/quant_codebook.cpp
   src/quant_rotation.cpp

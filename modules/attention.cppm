@@ -3,9 +3,11 @@
 // ringkv.kernels; nothing is copied or allocated per step. decode_step_gathered is the path for
 // callers that want one contiguous run: it copies K and V into a scope, traced.
 module;
+#include <cstddef>
 #include <span>
 export module ringkv.attention;
 export import ringkv.kernels;
+export import ringkv.quant;
 
 export namespace ringkv {
 
@@ -46,6 +48,34 @@ class windowed_attention {
 
  private:
   trace::sink* sink_;  // never null: null_sink() when the options gave none
+};
+
+/// Decode attention straight from compressed windows (ringkv.quant): no dequantized copy. The
+/// query is scaled and rotated once per step into each kv head's frame; per block of absolute
+/// positions the K and V codes of one kv head are expanded once for its whole query-head group
+/// through the codebook held in SIMD lanes (TableLookupLanes), times the row norm, into an L1
+/// tile that the f32 kernel's online softmax scores and folds (f32 accumulation); QJL keys add
+/// their unbiased residual term; V is accumulated in the rotated frame and rotated back once per
+/// output row. Blocks and segments sit on absolute positions as in windowed_attention, so the
+/// result is bit-identical whatever the ring's phase. Stateless apart from its options.
+class compressed_kv_attention {
+ public:
+  /// Largest head_dim it takes (its expansion tiles live on the stack).
+  static constexpr std::size_t max_head_dim = 256;
+
+  compressed_kv_attention() noexcept;
+  explicit compressed_kv_attention(attention_options options) noexcept;
+
+  /// One decode step over compressed K and V windows of the same positions (as
+  /// windowed_attention::decode_step: query/out [q_heads * head_dim], GQA, scale 0 →
+  /// 1/sqrt(head_dim), optional sinks). Throws std::invalid_argument naming the argument with
+  /// `out` untouched. O(len · (q_heads + codes) · head_dim), no allocation.
+  void decode_step(std::span<const float> query, const compressed_window& keys,
+                   const compressed_window& values, std::span<float> out, float scale = 0.0f,
+                   std::span<const float> sinks = {}) const;
+
+ private:
+  trace::sink* sink_;
 };
 
 }  // namespace ringkv

@@ -51,6 +51,12 @@ float check_decode(std::string_view caller, std::span<const float> query, const 
                    const windowed_kv& values, std::span<const float> out, float scale,
                    std::span<const float> sinks);
 
+/// The query/out/sinks/scale part of check_decode, for a window of kv_heads × head_dim rows of
+/// any encoding (compressed windows use it too); returns the resolved scale. O(q_heads).
+float check_step(std::string_view caller, std::span<const float> query, std::size_t kv_heads,
+                 std::size_t head_dim, std::span<const float> out, float scale,
+                 std::span<const float> sinks);
+
 /// One decode step: out [q_heads * head_dim] = softmax(query · K^T · scale (+ sink)) · V over all
 /// the window's positions, query head q reading kv head q / (q_heads / kv_heads), each K and V
 /// row loaded once per group. `out` is the accumulator; it is written only after every check

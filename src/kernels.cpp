@@ -87,17 +87,16 @@ void check_windows(std::string_view caller, const windowed_kv& keys, const windo
                        str(max_head_dim));
 }
 
-/// q_heads after checking query against a non-empty window.
+/// q_heads after checking query against kv_heads and head_dim of a non-empty window.
 std::size_t check_query(std::string_view caller, std::span<const float> query,
-                        const windowed_kv& keys) {
-  const std::size_t dim = keys.head_dim();
+                        std::size_t kv_heads, std::size_t dim) {
   if (query.empty() || query.size() % dim != 0)
     refuse(caller, "query has " + str(query.size()) + " floats, not a positive multiple of head_dim " +
                        str(dim));
   const std::size_t q_heads = query.size() / dim;
-  if (q_heads % keys.heads() != 0)
+  if (q_heads % kv_heads != 0)
     refuse(caller, "q_heads " + str(q_heads) + " (query " + str(query.size()) + " / head_dim " +
-                       str(dim) + ") is not a multiple of kv_heads " + str(keys.heads()));
+                       str(dim) + ") is not a multiple of kv_heads " + str(kv_heads));
   return q_heads;
 }
 
@@ -171,14 +170,20 @@ float check_decode(std::string_view caller, std::span<const float> query, const 
   if (keys.empty() && values.empty())
     refuse(caller, "the window is empty (a decode step attends at least one position)");
   check_windows(caller, keys, values);
-  const std::size_t q_heads = check_query(caller, query, keys);
+  return check_step(caller, query, keys.heads(), keys.head_dim(), out, scale, sinks);
+}
+
+float check_step(std::string_view caller, std::span<const float> query, std::size_t kv_heads,
+                 std::size_t head_dim, std::span<const float> out, float scale,
+                 std::span<const float> sinks) {
+  const std::size_t q_heads = check_query(caller, query, kv_heads, head_dim);
   if (out.size() != query.size())
     refuse(caller, "out has " + str(out.size()) + " floats but query has " + str(query.size()) +
                        " (q_heads * head_dim)");
   if (overlaps(out, query)) refuse(caller, "out overlaps query");
   if (overlaps(out, sinks)) refuse(caller, "out overlaps sinks");
   check_sinks(caller, sinks, q_heads);
-  return check_scale(caller, scale, keys.head_dim());
+  return check_scale(caller, scale, head_dim);
 }
 
 void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
@@ -204,7 +209,7 @@ void attend(std::span<const float> query, const windowed_kv& keys, const windowe
     check_scale(caller, scale, 1);
     return;
   }
-  const std::size_t q_heads = check_query(caller, query, keys);
+  const std::size_t q_heads = check_query(caller, query, keys.heads(), keys.head_dim());
   const float resolved = check_scale(caller, scale, keys.head_dim());
   if (s.max.size() != q_heads || check_state(caller, "s", s) != keys.head_dim())
     refuse(caller, "s has max[" + str(s.max.size()) + "], acc[" + str(s.acc.size()) +

@@ -31,6 +31,20 @@ struct rows_run {
   std::size_t first = 0, count = 0, head_stride = 0;
 };
 
+/// The plain format of a ringkv::compressed_format (a template, so this header needs no module).
+template <class Format>
+rows_format format_of(const Format& f) noexcept {
+  return rows_format{f.kind != decltype(f.kind)::turboquant, f.heads, f.head_dim, f.bits,
+                     f.code_bytes, f.qjl, f.sign_bytes, f.centroids, f.rotations,
+                     f.rotation_floats, f.hadamard, f.projections};
+}
+
+/// The plain run of a ringkv::compressed_view whose first row is at absolute position `first`.
+template <class View>
+rows_run run_of(const View& v, std::size_t first) noexcept {
+  return rows_run{v.codes, v.scales, v.signs, v.residual_norms, first, v.positions, v.head_stride};
+}
+
 /// Code i of a row of `bits`-bit codes.
 inline std::uint8_t code_at(const std::byte* packed, unsigned bits, std::size_t i) noexcept {
   const std::size_t bit = i * bits;

@@ -14,24 +14,13 @@ module ringkv.quant;
 namespace ringkv {
 namespace detail {
 
-codec::rows_format to_codec(const compressed_format& f) noexcept {
-  return codec::rows_format{f.kind == compression::int8, f.heads, f.head_dim, f.bits,
-                            f.code_bytes, f.qjl, f.sign_bytes, f.centroids, f.rotations,
-                            f.rotation_floats, f.hadamard, f.projections};
-}
-
-codec::rows_run to_codec(const compressed_view& v, std::size_t first) noexcept {
-  return codec::rows_run{v.codes, v.scales, v.signs, v.residual_norms, first, v.positions,
-                         v.head_stride};
-}
-
 void decode_window(const compressed_window& w, std::span<float> out) noexcept {
   const std::size_t d = w.head_dim();
-  const codec::rows_format f = to_codec(w.format());
+  const codec::rows_format f = codec::format_of(w.format());
   float* dst = out.data();
   for (std::size_t h = 0; h < w.heads(); ++h)
     for (const compressed_view& v : w.runs()) {
-      const codec::rows_run run = to_codec(v, 0);
+      const codec::rows_run run = codec::run_of(v, 0);
       for (std::size_t p = 0; p < v.positions; ++p, dst += d) codec::decode_row(f, h, run, p, dst);
     }
 }
@@ -100,7 +89,7 @@ void compressed_window::decode(std::size_t i, std::size_t h, std::size_t p,
                             " of " + std::to_string(format_.heads) + ", position " +
                             std::to_string(p) + ", out of " + std::to_string(out.size()) +
                             " floats (head_dim " + std::to_string(format_.head_dim) + ")");
-  codec::decode_row(detail::to_codec(format_), h, detail::to_codec(views_[i], starts_[i]), p,
+  codec::decode_row(codec::format_of(format_), h, codec::run_of(views_[i], starts_[i]), p,
                     out.data());
 }
 

@@ -1,0 +1,119 @@
+// compressed_kv_attention: checks compressed windows, describes them to the Highway kernel
+// (quant_simd.h) and calls it once per step.
+module;
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "quant_codec.h"
+#include "quant_simd.h"
+module ringkv.attention;
+
+namespace ringkv {
+namespace {
+
+constexpr std::string_view caller = "ringkv::compressed_kv_attention::decode_step";
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::invalid_argument(std::string(caller) + ": " + what);
+}
+
+std::string str(std::size_t n) { return std::to_string(n); }
+
+// The window's positions as maximal intervals (adjacent runs joined).
+std::array<std::pair<std::size_t, std::size_t>, compressed_window::max_runs> intervals(
+    const compressed_window& w, std::size_t& count) {
+  std::array<std::pair<std::size_t, std::size_t>, compressed_window::max_runs> out{};
+  count = 0;
+  for (std::size_t i = 0; i < w.runs().size(); ++i) {
+    const std::size_t first = w.run_first_position(i), end = first + w.runs()[i].positions;
+    if (count > 0 && out[count - 1].second == first)
+      out[count - 1].second = end;
+    else
+      out[count++] = {first, end};
+  }
+  return out;
+}
+
+void check_windows(const compressed_window& keys, const compressed_window& values) {
+  if (keys.empty() || values.empty())
+    refuse("the window is empty (keys hold " + str(keys.length()) + " positions, values " +
+           str(values.length()) + "; a decode step attends at least one position)");
+  std::size_t nk = 0, nv = 0;
+  const auto kp = intervals(keys, nk), vp = intervals(values, nv);
+  if (nk != nv || !std::equal(kp.begin(), kp.begin() + nk, vp.begin()))
+    refuse("keys cover positions [" + str(keys.first_position()) + ", " +
+           str(keys.end_position()) + ") in " + str(nk) + " pieces but values [" +
+           str(values.first_position()) + ", " + str(values.end_position()) + ") in " + str(nv) +
+           " (they must cover the same positions)");
+  if (keys.heads() != values.heads() || keys.head_dim() != values.head_dim())
+    refuse("keys are [" + str(keys.heads()) + " heads, head_dim " + str(keys.head_dim()) +
+           "] but values are [" + str(values.heads()) + " heads, head_dim " +
+           str(values.head_dim()) + "]");
+  if (values.format().qjl) refuse("values carry QJL sketches; only keys may");
+  if (keys.head_dim() > compressed_kv_attention::max_head_dim)
+    refuse("head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
+           str(compressed_kv_attention::max_head_dim));
+}
+
+simd::code_window code_window_of(const compressed_window& w) {
+  simd::code_window out;
+  out.format = codec::format_of(w.format());
+  for (std::size_t i = 0; i < w.runs().size(); ++i)
+    out.runs[i] = codec::run_of(w.runs()[i], w.run_first_position(i));
+  out.run_count = w.runs().size();
+  return out;
+}
+
+// Bytes of one side's codes, scales and sketches for the window (what the kernel streams).
+std::size_t window_bytes(const compressed_window& w) {
+  const compressed_format& f = w.format();
+  const std::size_t per_row = f.code_bytes + sizeof(float) + (f.qjl ? f.sign_bytes + sizeof(float) : 0);
+  return w.length() * w.heads() * per_row;
+}
+
+}  // namespace
+
+compressed_kv_attention::compressed_kv_attention() noexcept : sink_(&trace::null_sink()) {}
+
+compressed_kv_attention::compressed_kv_attention(attention_options options) noexcept
+    : sink_(options.sink ? options.sink : &trace::null_sink()) {}
+
+void compressed_kv_attention::decode_step(std::span<const float> query,
+                                          const compressed_window& keys,
+                                          const compressed_window& values, std::span<float> out,
+                                          float scale, std::span<const float> sinks) const {
+  check_windows(keys, values);
+  const float resolved =
+      kernels::check_step(caller, query, keys.heads(), keys.head_dim(), out, scale, sinks);
+  simd::compressed_problem p;
+  p.query = query.data();
+  p.keys = code_window_of(keys);
+  p.values = code_window_of(values);
+  p.kv_heads = keys.heads();
+  p.head_dim = keys.head_dim();
+  p.q_heads = query.size() / p.head_dim;
+  p.scale = resolved;
+  const float* s = sinks.empty() ? nullptr : sinks.data();
+  trace::sink& sink = *sink_;
+  if (!sink.enabled() || !sink.wants_kernel_runs()) {
+    simd::compressed_decode(p, s, out.data());
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  simd::compressed_decode(p, s, out.data());
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  sink.emit(trace::kernel_run{"attention.compressed_decode_step",
+                              window_bytes(keys) + window_bytes(values) + query.size_bytes(),
+                              out.size_bytes(), nanos});
+}
+
+}  // namespace ringkv

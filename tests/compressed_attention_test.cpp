@@ -1,0 +1,261 @@
+#define BOOST_TEST_MODULE compressed_attention
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+#include <range/v3/range/access.hpp>
+#include <range/v3/range/operations.hpp>
+
+#include "count_new.hpp"
+#include "hwy_targets.hpp"
+
+import ringkv;
+
+#include "store_support.hpp"
+
+namespace trace = ringkv::trace;
+using ringkv::compressed_kv_cache_store;
+using ringkv::compressed_window;
+using ringkv::kv_cache_config;
+using ringkv::store_options;
+using ringkv::turboquant_kv_cache_store;
+using ringkv::turboquant_options;
+using ringkv_test::for_each_target;
+using store_test::mentions;
+
+namespace {
+
+kv_cache_config shape(std::size_t d, std::size_t capacity, std::size_t kv_heads) {
+  return {.layers = 1, .kv_heads = kv_heads, .head_dim = d, .capacity = capacity};
+}
+
+std::vector<float> gaussian(std::mt19937& rng, std::size_t n, float sigma = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+/// Appends `tokens` random K/V rows to every store given (the same rows to each).
+void fill(std::initializer_list<ringkv::kv_cache_store*> stores, std::size_t tokens,
+          std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::size_t row = (*stores.begin())->config().row_floats();
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const auto k = gaussian(rng, row), v = gaussian(rng, row);
+    for (auto* s : stores) s->append(0, k, v);
+  }
+}
+
+/// Plain double-precision softmax attention over f32 rows [kv_heads, n, d] (GQA).
+std::vector<double> reference(std::span<const float> q, std::span<const float> keys,
+                              std::span<const float> values, std::size_t kv_heads,
+                              std::size_t d, float scale) {
+  const std::size_t q_heads = q.size() / d, n = keys.size() / (kv_heads * d);
+  std::vector<double> out(q.size(), 0.0);
+  for (std::size_t h = 0; h < q_heads; ++h) {
+    const std::size_t kv = h / (q_heads / kv_heads);
+    std::vector<double> s(n);
+    double m = -INFINITY, sum = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      double dot = 0;
+      for (std::size_t i = 0; i < d; ++i) dot += double(q[h * d + i]) * keys[(kv * n + j) * d + i];
+      s[j] = dot * scale;
+      m = std::max(m, s[j]);
+    }
+    for (std::size_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+    for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < d; ++i)
+        out[h * d + i] += s[j] / sum * values[(kv * n + j) * d + i];
+  }
+  return out;
+}
+
+double relative_error(std::span<const float> got, std::span<const double> want) {
+  double e = 0, n = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    e += (got[i] - want[i]) * (got[i] - want[i]);
+    n += want[i] * want[i];
+  }
+  return std::sqrt(e / n);
+}
+
+std::vector<float> read_all(const ringkv::kv_cache_store& s, bool keys, std::size_t from,
+                            std::size_t to) {
+  std::vector<float> out(s.config().row_floats() * (to - from));
+  keys ? s.read_keys(0, from, to, out) : s.read_values(0, from, to, out);
+  return out;
+}
+
+std::vector<float> attend(const compressed_kv_cache_store& s, std::span<const float> q,
+                          std::size_t from, std::size_t to) {
+  std::vector<float> out(q.size());
+  ringkv::compressed_kv_attention().decode_step(q, s.compressed_key_window(0, from, to),
+                                                s.compressed_value_window(0, from, to), out);
+  return out;
+}
+
+struct variant {
+  const char* name;
+  std::unique_ptr<compressed_kv_cache_store> (*make)(const kv_cache_config&, store_options);
+};
+template <unsigned K, unsigned V, bool Q>
+std::unique_ptr<compressed_kv_cache_store> tq(const kv_cache_config& c, store_options o) {
+  return std::make_unique<turboquant_kv_cache_store>(
+      c, turboquant_options{.key_bits = K, .value_bits = V, .qjl = Q, .seed = 7}, o);
+}
+std::unique_ptr<compressed_kv_cache_store> i8(const kv_cache_config& c, store_options o) {
+  return std::make_unique<ringkv::int8_kv_cache_store>(c, o);
+}
+const variant variants[] = {{"turboquant 2-bit", tq<2, 2, false>},
+                            {"turboquant 3-bit", tq<3, 3, false>},
+                            {"turboquant 4-bit", tq<4, 4, false>},
+                            {"turboquant 4-bit keys with QJL (3+1)", tq<4, 4, true>},
+                            {"int8", i8}};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_rows) {
+  // The kernel's own arithmetic, apart from quantization: against the rows the store reads back.
+  for (std::size_t d : {64u, 96u, 128u, 5u})
+    for (const variant& v : variants) {
+      const std::size_t kv_heads = 2, q_heads = 8, n = 150;
+      auto s = v.make(shape(d, n, kv_heads), {});
+      fill({s.get()}, n, 3);
+      std::mt19937 rng(9);
+      const auto q = gaussian(rng, q_heads * d);
+      const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n),
+                                  kv_heads, d, 1.0f / std::sqrt(float(d)));
+      for_each_target([&](const char* target) {
+        const double e = relative_error(attend(*s, q, 0, n), want);
+        BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) { BOOST_TEST(e < 2e-6); }
+      });
+    }
+}
+
+BOOST_AUTO_TEST_CASE(error_against_the_f32_store_falls_as_bits_grow) {
+  for (std::size_t d : {64u, 96u, 128u}) {
+    const std::size_t kv_heads = 2, q_heads = 8, n = 256;
+    ringkv::default_kv_cache_store f32(shape(d, n, kv_heads));
+    fill({&f32}, n, 5);
+    std::mt19937 rng(11);
+    // A peaked query (it resembles some keys), as real attention is, and a flat random one.
+    std::vector<float> q = gaussian(rng, q_heads * d, 0.5f);
+    const auto k0 = read_all(f32, true, 0, n);
+    for (std::size_t h = 0; h < q_heads; ++h)
+      for (std::size_t i = 0; i < d; ++i) q[h * d + i] += 2.0f * k0[(h / 4 * n + 17 * h) * d + i];
+    const auto want = reference(q, k0, read_all(f32, false, 0, n), kv_heads, d,
+                                1.0f / std::sqrt(float(d)));
+    double previous = INFINITY;
+    for (const variant& v : variants) {
+      auto s = v.make(shape(d, n, kv_heads), {});
+      fill({s.get()}, n, 5);
+      const double e = relative_error(attend(*s, q, 0, n), want);
+      BOOST_TEST_MESSAGE("D " << d << ", " << v.name << ": relative error vs f32 " << e);
+      if (std::string(v.name).find("QJL") == std::string::npos) {
+        BOOST_TEST_CONTEXT(v.name << ", D " << d) { BOOST_TEST(e < previous); }
+        previous = e;
+      }
+      BOOST_TEST(e < 0.5);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_wrapped_ring_gives_the_bits_of_a_never_wrapped_store) {
+  const std::size_t d = 64, kv_heads = 2, capacity = 37;
+  std::mt19937 rng(13);
+  const auto q = gaussian(rng, 4 * d);
+  std::size_t compared = 0;
+  for (std::size_t keep : {0u, 3u})
+    for (std::size_t wrap = 0; wrap < capacity - keep; wrap += 3)
+      for (const variant& v : variants) {
+        // Both see the same tokens; the ring wrapped twice and `wrap` more, the other never.
+        const std::size_t tokens = 2 * capacity + wrap;
+        const store_options ring_options{.sliding_window = true, .keep = keep};
+        auto ring = v.make(shape(d, capacity, kv_heads), ring_options);
+        auto flat = v.make(shape(d, tokens + 1, kv_heads), ring_options);
+        fill({ring.get(), flat.get()}, tokens, 17);
+        const std::size_t from = tokens - (capacity - keep);
+        const compressed_window rk = ring->compressed_key_window(0, from, tokens),
+                                rv = ring->compressed_value_window(0, from, tokens),
+                                fk = flat->compressed_key_window(0, from, tokens),
+                                fv = flat->compressed_value_window(0, from, tokens);
+        BOOST_TEST_CONTEXT(v.name << ", keep " << keep << ", wrap " << wrap) {
+          BOOST_TEST(store_test::positions_of(rk) == store_test::positions_of(fk),
+                     boost::test_tools::per_element());
+          BOOST_TEST(!fk.wrapped());
+          if ((tokens - keep) % (capacity - keep) != 0) BOOST_TEST(rk.wrapped());
+          std::vector<float> a(q.size()), b(q.size(), 1.0f);
+          ringkv::compressed_kv_attention().decode_step(q, rk, rv, a);
+          ringkv::compressed_kv_attention().decode_step(q, fk, fv, b);
+          BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+          ++compared;
+        }
+      }
+  BOOST_TEST(compared > 50u);
+}
+
+BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_copy_nothing) {
+  trace::recorder rec(64);
+  const kv_cache_config c = shape(128, 64, 2);
+  turboquant_kv_cache_store s(c, {.key_bits = 4, .value_bits = 4, .qjl = true}, {.sliding_window = true, .keep = 4, .slack = 2}, rec);
+  fill({&s}, 150, 19);
+  const ringkv::compressed_kv_attention attention({.sink = &rec});
+  std::mt19937 rng(23);
+  const auto q = gaussian(rng, 8 * 128), k = gaussian(rng, 256), v = gaussian(rng, 256);
+  std::vector<float> out(q.size());
+  rec.clear();
+  ringkv_test::new_counter counter;
+  for (int step = 0; step < 16; ++step) {
+    const std::size_t p = s.append(0, k, v);
+    const auto w = s.query_window(p);
+    attention.decode_step(q, s.compressed_key_window(0, w.from, w.to),
+                          s.compressed_value_window(0, w.from, w.to), out);
+  }
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(rec.emitted() == 0u);
+  BOOST_TEST(std::isfinite(out[0]));
+}
+
+BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
+  turboquant_kv_cache_store s(shape(16, 8, 2), {.key_bits = 3, .value_bits = 3, .qjl = true});
+  ringkv::int8_kv_cache_store other(shape(8, 8, 2));
+  fill({&s}, 6, 29);
+  fill({&other}, 6, 29);
+  const ringkv::compressed_kv_attention a;
+  std::vector<float> q(4 * 16, 0.5f), out(4 * 16, 7.0f), small(4 * 16 - 1);
+  const auto k = s.compressed_key_window(0, 0, 6), v = s.compressed_value_window(0, 0, 6);
+  auto refused = [&](auto&& call, std::initializer_list<const char*> words) {
+    BOOST_CHECK_EXCEPTION(call(), std::invalid_argument,
+                          [&](const auto& e) { return mentions(e, words); });
+    BOOST_TEST((out == std::vector<float>(4 * 16, 7.0f)));
+  };
+  refused([&] { a.decode_step(q, s.compressed_key_window(0, 0, 0), s.compressed_value_window(0, 0, 0), out); },
+          {"compressed_kv_attention", "empty"});
+  refused([&] { a.decode_step(q, k, s.compressed_value_window(0, 1, 6), out); }, {"same positions"});
+  refused([&] { a.decode_step(q, k, other.compressed_value_window(0, 0, 6), out); }, {"head_dim 8"});
+  refused([&] { a.decode_step(q, v, k, out); }, {"QJL"});
+  refused([&] { a.decode_step(std::span(q).first(3 * 16), k, v, std::span(out).first(3 * 16)); },
+          {"q_heads 3", "kv_heads 2"});
+  refused([&] { a.decode_step(q, k, v, small); }, {"out has 63"});
+  refused([&] { a.decode_step(q, k, v, out, -1.0f); }, {"scale"});
+  refused([&] { a.decode_step(q, k, v, out, 0.0f, std::span(q).first(3)); }, {"sinks has 3"});
+  turboquant_kv_cache_store wide(shape(512, 2, 1), {});
+  fill({&wide}, 1, 1);
+  std::vector<float> wq(512), wo(512);
+  BOOST_CHECK_EXCEPTION(a.decode_step(wq, wide.compressed_key_window(0, 0, 1),
+                                      wide.compressed_value_window(0, 0, 1), wo),
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"head_dim 512", "256"}); });
+}
