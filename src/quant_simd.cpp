@@ -35,13 +35,15 @@ struct lane_table {
 };
 
 /// table[idx] per lane: one TableLookupLanes per table vector, the vector chosen by idx's high
-/// bits (one lookup on 16-lane targets, two for 16 levels on 8-lane ones).
+/// bits (one lookup on 16-lane targets, two for 16 levels on 8-lane ones). Vectors = 0: the
+/// table's own count (known only at run time).
+template <std::size_t Vectors = 0>
 HWY_INLINE VF Lookup(DF d, const lane_table& t, hn::Vec<DI> idx) {
   const DI di;
-  const std::size_t N = hn::Lanes(d);
+  const std::size_t N = hn::Lanes(d), vectors = Vectors ? Vectors : t.vectors;
   const auto lane = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, std::int32_t(N - 1))));
   VF r = hn::TableLookupLanes(hn::Load(d, t.levels), lane);
-  for (std::size_t v = 1; v < t.vectors; ++v) {
+  for (std::size_t v = 1; v < vectors; ++v) {
     const auto upper = hn::RebindMask(d, hn::Gt(idx, hn::Set(di, std::int32_t(v * N - 1))));
     r = hn::IfThenElse(upper, hn::TableLookupLanes(hn::Load(d, t.levels + v * N), lane), r);
   }
@@ -74,6 +76,55 @@ HWY_INLINE void ExpandCodes(const std::uint8_t* codes, std::size_t padded, const
   const VF vs = hn::Set(d, scale);
   for (std::size_t i = 0; i < padded; i += hn::Lanes(d))
     hn::Store(hn::Mul(Lookup(d, t, hn::PromoteTo(di, hn::LoadU(d8, codes + i))), vs), d, out + i);
+}
+
+/// out[0, padded) = scale · table[code i] straight from the packed row: each vector's N codes
+/// (N·Bits bits, whole bytes, at most 4) are read as one word, broadcast, shifted per lane by
+/// lane·Bits and masked into lookup indices; the number of table vectors is known here, so the
+/// lookups unroll. Targets where N·Bits is not whole bytes or exceeds 32 unpack to bytes first.
+template <unsigned Bits>
+HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::size_t padded,
+                              const lane_table& t, float scale, std::uint8_t* bytes, float* out) {
+  constexpr std::size_t N = hn::MaxLanes(DF()), group_bits = N * Bits;
+  if constexpr (group_bits > 32 || group_bits % 8 != 0) {
+    Unpack(packed, Bits, dim, bytes);
+    ExpandCodes(bytes, padded, t, scale, out);
+  } else {
+    const DF d;
+    const hn::Rebind<std::uint32_t, DF> du;
+    const DI di;
+    const VF vs = hn::Set(d, scale);
+    const auto shifts = hn::Mul(hn::Iota(du, 0), hn::Set(du, Bits));
+    const auto mask = hn::Set(du, (1u << Bits) - 1);
+    constexpr std::size_t vectors = ((std::size_t{1} << Bits) + N - 1) / N;
+    const std::size_t full = dim / N * N;
+    const std::byte* HWY_RESTRICT in = packed;
+    float* HWY_RESTRICT o = out;
+    for (std::size_t i = 0; i < full; i += N, in += group_bits / 8, o += N) {
+      std::uint32_t word = 0;
+      std::memcpy(&word, in, group_bits / 8);  // LSB-first stream, little-endian
+      const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
+      hn::Store(hn::Mul(Lookup<vectors>(d, t, hn::BitCast(di, idx)), vs), d, o);
+    }
+    if (full == padded) return;
+    std::uint32_t word = 0;  // the row's last, partial group, then zero lanes up to padded
+    for (std::size_t k = full * Bits / 8; k < (dim * Bits + 7) / 8; ++k)
+      word |= std::uint32_t(std::to_integer<std::uint8_t>(packed[k])) << (8 * (k - full * Bits / 8));
+    const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
+    hn::Store(hn::Mul(Lookup<vectors>(d, t, hn::BitCast(di, idx)), vs), d, out + full);
+    for (std::size_t i = full + N; i < padded; i += N) hn::Store(hn::Zero(d), d, out + i);
+  }
+}
+
+HWY_INLINE void ExpandPacked(const std::byte* packed, unsigned bits, std::size_t dim,
+                             std::size_t padded, const lane_table& t, float scale,
+                             std::uint8_t* bytes, float* out) {
+  switch (bits) {
+    case 1: return ExpandPackedT<1>(packed, dim, padded, t, scale, bytes, out);
+    case 2: return ExpandPackedT<2>(packed, dim, padded, t, scale, bytes, out);
+    case 3: return ExpandPackedT<3>(packed, dim, padded, t, scale, bytes, out);
+    default: return ExpandPackedT<4>(packed, dim, padded, t, scale, bytes, out);
+  }
 }
 
 /// out[0, padded) = scale · int8 codes (row is padded: reads stop at head_dim via `codes`).
@@ -118,13 +169,12 @@ HWY_INLINE std::size_t ExpandRows(const code_window& w, const lane_table& levels
         std::memcpy(t.codes, codes, f.head_dim);
         ExpandInt8(t.codes, padded, run.scales[row], out);
       } else {
-        Unpack(codes, f.bits, f.head_dim, t.codes);
-        ExpandCodes(t.codes, padded, levels, run.scales[row], out);
+        ExpandPacked(codes, f.bits, f.head_dim, padded, levels, run.scales[row], t.codes, out);
       }
       rows[n] = reinterpret_cast<const std::byte*>(out);
       if (z == nullptr) continue;
-      Unpack(run.signs + row * f.sign_bytes, 1, f.head_dim, t.codes);
-      ExpandCodes(t.codes, padded, t.signs, 1.0f, z + n * padded);
+      ExpandPacked(run.signs + row * f.sign_bytes, 1, f.head_dim, padded, t.signs, 1.0f, t.codes,
+                   z + n * padded);
       t.factors[n] = run.scales[row] * run.residual_norms[row];
     }
   }
