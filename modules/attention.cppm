@@ -3,8 +3,10 @@
 // ringkv.kernels; nothing is copied or allocated per step. decode_step_gathered is the path for
 // callers that want one contiguous run: it copies K and V into a scope, traced.
 module;
+#include <chrono>
 #include <cstddef>
 #include <span>
+#include <string_view>
 export module ringkv.attention;
 export import ringkv.kernels;
 export import ringkv.quant;
@@ -79,3 +81,23 @@ class compressed_kv_attention {
 };
 
 }  // namespace ringkv
+
+namespace ringkv::detail {
+
+/// Times `work` and emits one kernel_run when the sink wants it; otherwise just runs it.
+template <class Work>
+void traced(trace::sink& sink, std::string_view kernel, std::size_t bytes_read,
+            std::size_t bytes_written, Work&& work) {
+  if (!sink.enabled() || !sink.wants_kernel_runs()) {
+    work();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  sink.emit(trace::kernel_run{kernel, bytes_read, bytes_written, nanos});
+}
+
+}  // namespace ringkv::detail

@@ -15,22 +15,6 @@ std::size_t window_bytes(const windowed_kv& w) {
   return bytes;
 }
 
-/// Times `work` and emits one kernel_run when the sink wants it; otherwise just runs it.
-template <class Work>
-void traced(trace::sink& sink, std::string_view kernel, std::size_t bytes_read,
-            std::size_t bytes_written, Work&& work) {
-  if (!sink.enabled() || !sink.wants_kernel_runs()) {
-    work();
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  work();
-  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
-  sink.emit(trace::kernel_run{kernel, bytes_read, bytes_written, nanos});
-}
-
 }  // namespace
 
 windowed_attention::windowed_attention() noexcept : sink_(&trace::null_sink()) {}
@@ -45,7 +29,7 @@ void windowed_attention::decode_step(std::span<const float> query, const windowe
                         sinks);
   const std::size_t read = window_bytes(keys) + window_bytes(values) + query.size_bytes() +
                            sinks.size_bytes();
-  traced(*sink_, "attention.decode_step", read, out.size_bytes(),
+  detail::traced(*sink_, "attention.decode_step", read, out.size_bytes(),
          [&] { kernels::decode(query, keys, values, out, scale, sinks); });
 }
 
@@ -57,7 +41,7 @@ void windowed_attention::decode_step_gathered(std::span<const float> query,
                         out, scale, sinks);
   const std::size_t copied = window_bytes(keys) + window_bytes(values);
   // The copy is read once to gather and once by the kernel.
-  traced(*sink_, "attention.decode_step_gathered", 2 * copied + query.size_bytes() +
+  detail::traced(*sink_, "attention.decode_step_gathered", 2 * copied + query.size_bytes() +
                                                        sinks.size_bytes(),
          copied + out.size_bytes(), [&] {
            const windowed_kv k = keys.gathered(arena, *sink_, "keys");

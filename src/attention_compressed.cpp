@@ -3,7 +3,6 @@
 module;
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -17,6 +16,8 @@ module ringkv.attention;
 
 namespace ringkv {
 namespace {
+
+static_assert(compressed_kv_attention::max_head_dim == simd::max_compressed_head_dim);
 
 constexpr std::string_view caller = "ringkv::compressed_kv_attention::decode_step";
 
@@ -101,19 +102,9 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
   p.q_heads = query.size() / p.head_dim;
   p.scale = resolved;
   const float* s = sinks.empty() ? nullptr : sinks.data();
-  trace::sink& sink = *sink_;
-  if (!sink.enabled() || !sink.wants_kernel_runs()) {
-    simd::compressed_decode(p, s, out.data());
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  simd::compressed_decode(p, s, out.data());
-  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
-  sink.emit(trace::kernel_run{"attention.compressed_decode_step",
-                              window_bytes(keys) + window_bytes(values) + query.size_bytes(),
-                              out.size_bytes(), nanos});
+  detail::traced(*sink_, "attention.compressed_decode_step",
+                 window_bytes(keys) + window_bytes(values) + query.size_bytes(),
+                 out.size_bytes(), [&] { simd::compressed_decode(p, s, out.data()); });
 }
 
 }  // namespace ringkv

@@ -38,14 +38,14 @@ struct lane_table {
 /// bits (one lookup on 16-lane targets, two for 16 levels on 8-lane ones). Vectors = 0: the
 /// table's own count (known only at run time).
 template <std::size_t Vectors = 0>
-HWY_INLINE VF Lookup(DF d, const lane_table& t, hn::Vec<DI> idx) {
+HWY_INLINE VF Lookup(DF d, const float* levels, std::size_t count, hn::Vec<DI> idx) {
   const DI di;
-  const std::size_t N = hn::Lanes(d), vectors = Vectors ? Vectors : t.vectors;
+  const std::size_t N = hn::Lanes(d), vectors = Vectors ? Vectors : count;
   const auto lane = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, std::int32_t(N - 1))));
-  VF r = hn::TableLookupLanes(hn::Load(d, t.levels), lane);
+  VF r = hn::TableLookupLanes(hn::Load(d, levels), lane);
   for (std::size_t v = 1; v < vectors; ++v) {
     const auto upper = hn::RebindMask(d, hn::Gt(idx, hn::Set(di, std::int32_t(v * N - 1))));
-    r = hn::IfThenElse(upper, hn::TableLookupLanes(hn::Load(d, t.levels + v * N), lane), r);
+    r = hn::IfThenElse(upper, hn::TableLookupLanes(hn::Load(d, levels + v * N), lane), r);
   }
   return r;
 }
@@ -75,7 +75,9 @@ HWY_INLINE void ExpandCodes(const std::uint8_t* codes, std::size_t padded, const
   const DU8 d8;
   const VF vs = hn::Set(d, scale);
   for (std::size_t i = 0; i < padded; i += hn::Lanes(d))
-    hn::Store(hn::Mul(Lookup(d, t, hn::PromoteTo(di, hn::LoadU(d8, codes + i))), vs), d, out + i);
+    hn::Store(hn::Mul(Lookup(d, t.levels, t.vectors, hn::PromoteTo(di, hn::LoadU(d8, codes + i))),
+                      vs),
+              d, out + i);
 }
 
 /// out[0, padded) = scale · table[code i] straight from the packed row: each vector's N codes
@@ -97,6 +99,9 @@ HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::siz
     const auto shifts = hn::Mul(hn::Iota(du, 0), hn::Set(du, Bits));
     const auto mask = hn::Set(du, (1u << Bits) - 1);
     constexpr std::size_t vectors = ((std::size_t{1} << Bits) + N - 1) / N;
+    HWY_ALIGN float levels[vectors * N];  // the codebook times this row's norm: no per-lane Mul
+    for (std::size_t v = 0; v < vectors; ++v)
+      hn::Store(hn::Mul(hn::Load(d, t.levels + v * N), vs), d, levels + v * N);
     const std::size_t full = dim / N * N;
     const std::byte* HWY_RESTRICT in = packed;
     float* HWY_RESTRICT o = out;
@@ -104,14 +109,14 @@ HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::siz
       std::uint32_t word = 0;
       std::memcpy(&word, in, group_bits / 8);  // LSB-first stream, little-endian
       const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
-      hn::Store(hn::Mul(Lookup<vectors>(d, t, hn::BitCast(di, idx)), vs), d, o);
+      hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, o);
     }
     if (full == padded) return;
     std::uint32_t word = 0;  // the row's last, partial group, then zero lanes up to padded
     for (std::size_t k = full * Bits / 8; k < (dim * Bits + 7) / 8; ++k)
       word |= std::uint32_t(std::to_integer<std::uint8_t>(packed[k])) << (8 * (k - full * Bits / 8));
     const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
-    hn::Store(hn::Mul(Lookup<vectors>(d, t, hn::BitCast(di, idx)), vs), d, out + full);
+    hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, out + full);
     for (std::size_t i = full + N; i < padded; i += N) hn::Store(hn::Zero(d), d, out + i);
   }
 }
