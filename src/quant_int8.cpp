@@ -47,9 +47,13 @@ std::size_t int8_kv_cache_store::append(std::size_t layer, std::span<const float
       for (float v : x) absmax = std::max(absmax, std::fabs(v));
       const float scale = absmax / 127.0f;
       auto* codes = reinterpret_cast<std::int8_t*>(b->codes.data() + (h * capacity + slot) * d);
-      for (std::size_t i = 0; i < d; ++i)
-        codes[i] = scale > 0 ? std::int8_t(std::clamp(std::nearbyint(x[i] / scale), -127.0f, 127.0f))
-                             : std::int8_t{0};
+      for (std::size_t i = 0; i < d; ++i) {
+        // NaN (or inf / inf) has no code: 0; the comparisons keep the conversion defined.
+        const float r = scale > 0 ? std::nearbyint(x[i] / scale) : 0.0f;
+        codes[i] = r >= 127.0f ? std::int8_t{127} : r <= -127.0f ? std::int8_t{-127}
+                   : r == r    ? std::int8_t(r)
+                               : std::int8_t{0};
+      }
       b->scales.as<float>()[h * capacity + slot] = scale;
     }
   return commit_append(layer);
