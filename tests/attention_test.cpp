@@ -337,32 +337,36 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
   // A capacity-37 ring after several laps against a cache that holds every position in one run:
   // for each of the 37 wrap points and several W (within one block, across blocks, the whole
-  // ring), the outputs are equal bit for bit, on every target.
-  constexpr std::size_t kv = 2, q = 8, dim = 40;  // 40: a partial last vector on every target
+  // ring), the outputs are equal bit for bit, on every target. Two geometries: 8 heads over 2
+  // (head pairs) with head_dim 44, and 3 over 1 (a pair and a lone head) with head_dim 75 — so
+  // every tile shape and a partial last vector take part.
   const windowed_attention attention;
-  ring_fixture flat(kv, dim, 37 * 6);
-  flat.append_until(37 * 6);
-  ring_fixture ring(kv, dim, 37);
-  const auto query = make_query(q, dim, 11);
-  const auto sinks = make_sinks(q);
-  std::vector<float> a(q * dim), b(q * dim);
   std::size_t wrapped = 0, compared = 0;
-  for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
-    ring.append_until(end);
-    for (std::size_t w : {1, 5, 16, 17, 30, 33, 37}) {
-      const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
-      const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
-      BOOST_REQUIRE(!fk.wrapped());
-      wrapped += rk.wrapped();
-      for_each_target([&](const char* target) {
-        attention.decode_step(query, rk, rv, a, 0.0f, sinks);
-        attention.decode_step(query, fk, fv, b, 0.0f, sinks);
-        BOOST_TEST(same_bits(a, b), target << " end " << end << " W " << w);
-        ++compared;
-      });
+  for (const heads hs : {heads{8, 2}, heads{3, 1}}) {
+    const std::size_t dim = hs.q == 8 ? 44 : 75;
+    ring_fixture flat(hs.kv, dim, 37 * 6);
+    flat.append_until(37 * 6);
+    ring_fixture ring(hs.kv, dim, 37);
+    const auto query = make_query(hs.q, dim, 11);
+    const auto sinks = make_sinks(hs.q);
+    std::vector<float> a(hs.q * dim), b(hs.q * dim);
+    for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
+      ring.append_until(end);
+      for (std::size_t w : {1, 5, 16, 17, 30, 33, 37}) {
+        const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
+        const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
+        BOOST_REQUIRE(!fk.wrapped());
+        wrapped += rk.wrapped();
+        for_each_target([&](const char* target) {
+          attention.decode_step(query, rk, rv, a, 0.0f, sinks);
+          attention.decode_step(query, fk, fv, b, 0.0f, sinks);
+          BOOST_TEST(same_bits(a, b), target << " heads " << hs.q << "/" << hs.kv << " end " << end << " W " << w);
+          ++compared;
+        });
+      }
     }
   }
-  BOOST_TEST(wrapped > 100u);  // most windows straddle the ring's end
+  BOOST_TEST(wrapped > 200u);  // most windows straddle the ring's end
   BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
 }
 
