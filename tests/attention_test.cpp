@@ -394,6 +394,71 @@ BOOST_AUTO_TEST_CASE(a_pinned_wrapped_ring_and_a_never_wrapped_cache_give_identi
   }
 }
 
+namespace {
+/// Appends position p (rows from element()) to layer 0 of `store`.
+void append_position(ringkv::kv_cache_store& store, std::size_t p) {
+  const ringkv::kv_cache_config c = store.config();
+  std::vector<float> k(c.kv_heads * c.head_dim), v(k.size());
+  for (std::size_t h = 0; h < c.kv_heads; ++h)
+    for (std::size_t i = 0; i < c.head_dim; ++i) {
+      k[h * c.head_dim + i] = element(kind::key, p, h, i);
+      v[h * c.head_dim + i] = element(kind::value, p, h, i);
+    }
+  BOOST_REQUIRE(store.append(0, k, v) == p);
+}
+
+/// Two windows' runs as one window (positions of `first` before those of `second`).
+windowed_kv joined(const windowed_kv& first, const windowed_kv& second) {
+  std::array<kv_run, 3> runs{};
+  std::size_t n = 0;
+  for (const windowed_kv* w : {&first, &second})
+    for (std::size_t r = 0; r < w->runs().size(); ++r) runs[n++] = {w->runs()[r], w->run_first_position(r)};
+  return windowed_kv(std::span<const kv_run>(runs.data(), n));
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_identical_bits) {
+  // M2-A4 with ringkv.store: default_kv_cache_store as a capacity-37 ring (without and with 3
+  // pinned sinks) after several laps, against a dense store holding every position; windows from
+  // key_window/value_window (zero-copy runs), every wrap point, several W, every target.
+  const windowed_attention attention;
+  constexpr std::size_t kv = 2, q = 8, dim = 44;
+  const auto query = make_query(q, dim, 21);
+  const auto sinks = make_sinks(q);
+  std::vector<float> a(q * dim), b(q * dim);
+  std::size_t wrapped = 0;
+  for (std::size_t keep : {0, 3}) {
+    ringkv::default_kv_cache_store ring({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37},
+                                        {.sliding_window = true, .keep = keep});
+    ringkv::default_kv_cache_store flat({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37 * 6});
+    for (std::size_t p = 0; p < 37 * 4; ++p) {
+      append_position(ring, p);
+      append_position(flat, p);
+    }
+    for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
+      append_position(ring, end);
+      append_position(flat, end);
+      for (std::size_t w : {1, 5, 16, 17, 30, 34}) {
+        const std::size_t from = end + 1 - w;
+        BOOST_REQUIRE(ring.holds(0, from, end + 1));
+        const windowed_kv rk = ring.key_window(0, from, end + 1), rv = ring.value_window(0, from, end + 1);
+        const windowed_kv fk = keep ? joined(flat.key_window(0, 0, keep), flat.key_window(0, from, end + 1))
+                                    : flat.key_window(0, from, end + 1);
+        const windowed_kv fv = keep ? joined(flat.value_window(0, 0, keep), flat.value_window(0, from, end + 1))
+                                    : flat.value_window(0, from, end + 1);
+        BOOST_REQUIRE(rk.length() == fk.length());
+        wrapped += rk.wrapped();
+        for_each_target([&](const char* target) {
+          attention.decode_step(query, rk, rv, a, 0.0f, sinks);
+          attention.decode_step(query, fk, fv, b, 0.0f, sinks);
+          BOOST_TEST(same_bits(a, b), target << " keep " << keep << " end " << end << " W " << w);
+        });
+      }
+    }
+  }
+  BOOST_TEST(wrapped > 150u);
+}
+
 BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_right) {
   // What a thread pool will do: one fresh state per 1024-position segment (any order), merged
   // left to right, then finished. Also: attend split at block multiples equals one call.
