@@ -1,5 +1,6 @@
-// Per-target dot products: one query row against several K rows at once (a tile), with the same
-// arithmetic for every row whatever the tile size, so tiling never changes a score.
+// Per-target dot products: scores of a block's K rows for the query heads of a group, computed in
+// tiles of rows × heads with the same arithmetic for every (head, row) whatever the tile, so
+// tiling never changes a score.
 #if defined(RINGKV_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef RINGKV_DOT_INL_H_
 #undef RINGKV_DOT_INL_H_
@@ -8,6 +9,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 
 #include "hwy/highway.h"
 #include "rows-inl.h"
@@ -15,95 +17,159 @@
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
 
-// The per-row arithmetic: two accumulator chains over head_dim (even and odd vectors), the
-// partial last vector into the odd chain, then (even + odd) reduced across lanes. Every tile
-// size below calls these same steps per row.
+// The score arithmetic, the same for every (query head, row) whatever tile computes it: one
+// FMA chain over head_dim (the partial last vector, zero-padded, included), then a sum across
+// lanes. Tiles only decide how many chains run side by side (eight: enough to hide the FMA
+// latency) and which loads they share: a K vector loaded once serves every head of the tile.
 
-template <class Loader>
-HWY_INLINE void DotPair(DF d, VF q0, VF q1, const std::byte* row, std::size_t i, VF& even,
-                        VF& odd) {
-  even = hn::MulAdd(q0, Loader::load(d, row, i), even);
-  odd = hn::MulAdd(q1, Loader::load(d, row, i + hn::Lanes(d)), odd);
+HWY_INLINE float SumLanes(DF d, VF v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
+
+// Targets of one or two 128-bit blocks reduce chains together (transposed); others one by one.
+#undef RINGKV_TRANSPOSED_SUMS
+#if HWY_TARGET != HWY_SCALAR && (HWY_MAX_BYTES == 16 || HWY_TARGET == HWY_AVX2)
+#define RINGKV_TRANSPOSED_SUMS 1
+/// Per 128-bit block, the sums of a, b, c, e's four lanes there: [Σa, Σb, Σc, Σe] — four chains
+/// reduced together with six shuffles and three adds instead of one reduction each.
+HWY_INLINE VF SumBlocks4(DF d, VF a, VF b, VF c, VF e) {
+  const hn::Repartition<std::uint64_t, DF> d64;
+  const VF ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const VF ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
+                 hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
+}
+#endif
+
+/// s[0..4) = the lane sums of a, b, c, e. Each sum's addition order is fixed by the target
+/// alone (not by what the other chains hold), so a row's score is the same in every tile.
+HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) {
+#if defined(RINGKV_TRANSPOSED_SUMS) && HWY_MAX_BYTES == 16
+  hn::StoreU(SumBlocks4(d, a, b, c, e), d, s);
+#elif defined(RINGKV_TRANSPOSED_SUMS)
+  const hn::Half<DF> dh;
+  const VF r = SumBlocks4(d, a, b, c, e);
+  hn::StoreU(hn::Add(hn::LowerHalf(dh, r), hn::UpperHalf(dh, r)), dh, s);
+#else
+  s[0] = SumLanes(d, a);
+  s[1] = SumLanes(d, b);
+  s[2] = SumLanes(d, c);
+  s[3] = SumLanes(d, e);
+#endif
 }
 
-template <class Loader>
-HWY_INLINE void DotOne(DF d, VF q0, const std::byte* row, std::size_t i, VF& even) {
-  even = hn::MulAdd(q0, Loader::load(d, row, i), even);
+/// s[0..8) = the lane sums of c0 … c7, in the same order per chain as Sum4.
+HWY_INLINE void Sum8(DF d, VF c0, VF c1, VF c2, VF c3, VF c4, VF c5, VF c6, VF c7, float* s) {
+#if defined(RINGKV_TRANSPOSED_SUMS) && HWY_TARGET == HWY_AVX2
+  const VF lo = SumBlocks4(d, c0, c1, c2, c3), hi = SumBlocks4(d, c4, c5, c6, c7);
+  hn::StoreU(hn::Add(hn::ConcatLowerLower(d, hi, lo), hn::ConcatUpperUpper(d, hi, lo)), d, s);
+#else
+  Sum4(d, c0, c1, c2, c3, s);
+  Sum4(d, c4, c5, c6, c7, s + 4);
+#endif
 }
 
-template <class Loader>
-HWY_INLINE void DotTail(DF d, VF q0, const std::byte* row, std::size_t i, std::size_t n, VF& odd) {
-  odd = hn::MulAdd(q0, Loader::load_tail(d, row, i, n), odd);
+HWY_INLINE float Sum1(DF d, VF c) {
+  HWY_ALIGN float s[4];
+  const VF zero = hn::Zero(d);
+  Sum4(d, c, zero, zero, zero, s);
+  return s[0];
 }
 
-HWY_INLINE float DotFinal(DF d, VF even, VF odd) {
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(even, odd)));
+// One step of a tile: element slice `at` of each row, times the query's slice.
+template <class At>
+HWY_INLINE void Step8x1(VF q, const std::byte* const* k, At at, VF& c0, VF& c1, VF& c2, VF& c3,
+                        VF& c4, VF& c5, VF& c6, VF& c7) {
+  c0 = hn::MulAdd(q, at(k[0]), c0);
+  c1 = hn::MulAdd(q, at(k[1]), c1);
+  c2 = hn::MulAdd(q, at(k[2]), c2);
+  c3 = hn::MulAdd(q, at(k[3]), c3);
+  c4 = hn::MulAdd(q, at(k[4]), c4);
+  c5 = hn::MulAdd(q, at(k[5]), c5);
+  c6 = hn::MulAdd(q, at(k[6]), c6);
+  c7 = hn::MulAdd(q, at(k[7]), c7);
 }
 
-/// Scores of four rows against q (zero-padded to a whole number of vectors, aligned); four
-/// rows in flight hide the FMA latency of each row's chains.
+template <class At>
+HWY_INLINE void Step4x2(VF qa, VF qb, const std::byte* const* k, At at, VF& a0, VF& a1, VF& a2,
+                        VF& a3, VF& b0, VF& b1, VF& b2, VF& b3) {
+  OuterStep2x4(qa, qb, at(k[0]), at(k[1]), at(k[2]), at(k[3]), a0, a1, a2, a3, b0, b1, b2, b3);
+}
+
+/// Scores of eight rows for one query head (q zero-padded to whole vectors, aligned).
 template <class Loader>
-HWY_INLINE void DotTile4(DF d, const float* HWY_RESTRICT q, const std::byte* const* rows,
-                         std::size_t dim, float* out) {
+HWY_INLINE void Score8x1(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
+                         std::size_t dim, float* s) {
   const std::size_t N = hn::Lanes(d);
-  VF e0 = hn::Zero(d), e1 = hn::Zero(d), e2 = hn::Zero(d), e3 = hn::Zero(d);
-  VF o0 = hn::Zero(d), o1 = hn::Zero(d), o2 = hn::Zero(d), o3 = hn::Zero(d);
+  VF c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
+  VF c4 = hn::Zero(d), c5 = hn::Zero(d), c6 = hn::Zero(d), c7 = hn::Zero(d);
   std::size_t i = 0;
-  for (; i + 2 * N <= dim; i += 2 * N) {
-    const VF q0 = hn::Load(d, q + i), q1 = hn::Load(d, q + i + N);
-    DotPair<Loader>(d, q0, q1, rows[0], i, e0, o0);
-    DotPair<Loader>(d, q0, q1, rows[1], i, e1, o1);
-    DotPair<Loader>(d, q0, q1, rows[2], i, e2, o2);
-    DotPair<Loader>(d, q0, q1, rows[3], i, e3, o3);
-  }
-  if (i + N <= dim) {
-    const VF q0 = hn::Load(d, q + i);
-    DotOne<Loader>(d, q0, rows[0], i, e0);
-    DotOne<Loader>(d, q0, rows[1], i, e1);
-    DotOne<Loader>(d, q0, rows[2], i, e2);
-    DotOne<Loader>(d, q0, rows[3], i, e3);
-    i += N;
-  }
-  if (i < dim) {
-    const VF q0 = hn::Load(d, q + i);
-    DotTail<Loader>(d, q0, rows[0], i, dim - i, o0);
-    DotTail<Loader>(d, q0, rows[1], i, dim - i, o1);
-    DotTail<Loader>(d, q0, rows[2], i, dim - i, o2);
-    DotTail<Loader>(d, q0, rows[3], i, dim - i, o3);
-  }
-  out[0] = DotFinal(d, e0, o0);
-  out[1] = DotFinal(d, e1, o1);
-  out[2] = DotFinal(d, e2, o2);
-  out[3] = DotFinal(d, e3, o3);
+  for (; i + N <= dim; i += N)
+    Step8x1(hn::Load(d, q + i), k, vector_at<Loader>{d, i}, c0, c1, c2, c3, c4, c5, c6, c7);
+  if (i < dim)
+    Step8x1(hn::Load(d, q + i), k, tail_at<Loader>{d, i, dim - i}, c0, c1, c2, c3, c4, c5, c6, c7);
+  Sum8(d, c0, c1, c2, c3, c4, c5, c6, c7, s);
 }
 
-/// The score of one row, with exactly DotTile4's per-row arithmetic.
+/// Scores of four rows for two query heads of a group: each K vector loaded once for both.
 template <class Loader>
-HWY_INLINE float DotTile1(DF d, const float* HWY_RESTRICT q, const std::byte* row,
+HWY_INLINE void Score4x2(DF d, const float* HWY_RESTRICT qa, const float* HWY_RESTRICT qb,
+                         const std::byte* const* k, std::size_t dim, float* sa, float* sb) {
+  const std::size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  VF b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + N <= dim; i += N)
+    Step4x2(hn::Load(d, qa + i), hn::Load(d, qb + i), k, vector_at<Loader>{d, i}, a0, a1, a2, a3,
+            b0, b1, b2, b3);
+  if (i < dim)
+    Step4x2(hn::Load(d, qa + i), hn::Load(d, qb + i), k, tail_at<Loader>{d, i, dim - i}, a0, a1,
+            a2, a3, b0, b1, b2, b3);
+  Sum4(d, a0, a1, a2, a3, sa);
+  Sum4(d, b0, b1, b2, b3, sb);
+}
+
+/// The score of one row for one head (window edges, where a block has few rows).
+template <class Loader>
+HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* row,
                           std::size_t dim) {
   const std::size_t N = hn::Lanes(d);
-  VF e = hn::Zero(d), o = hn::Zero(d);
+  VF c = hn::Zero(d);
   std::size_t i = 0;
-  for (; i + 2 * N <= dim; i += 2 * N)
-    DotPair<Loader>(d, hn::Load(d, q + i), hn::Load(d, q + i + N), row, i, e, o);
-  if (i + N <= dim) {
-    DotOne<Loader>(d, hn::Load(d, q + i), row, i, e);
-    i += N;
-  }
-  if (i < dim) DotTail<Loader>(d, hn::Load(d, q + i), row, i, dim - i, o);
-  return DotFinal(d, e, o);
+  for (; i + N <= dim; i += N) c = hn::MulAdd(hn::Load(d, q + i), Loader::load(d, row, i), c);
+  if (i < dim) c = hn::MulAdd(hn::Load(d, q + i), Loader::load_tail(d, row, i, dim - i), c);
+  return Sum1(d, c);
 }
 
-/// Scores of n rows against q into out[0, n).
+/// Scores of rows [from, n) for one head, eight at a time.
 template <class Loader>
-HWY_INLINE void DotRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* rows,
-                        std::size_t n, std::size_t dim, float* out) {
-  std::size_t j = 0;
-  for (; j + 4 <= n; j += 4) DotTile4<Loader>(d, q, rows + j, dim, out + j);
-  for (; j < n; ++j) out[j] = DotTile1<Loader>(d, q, rows[j], dim);
+HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
+                          std::size_t from, std::size_t n, std::size_t dim, float* s) {
+  std::size_t j = from;
+  for (; j + 8 <= n; j += 8) Score8x1<Loader>(d, q, k + j, dim, s + j);
+  for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim);
 }
 
-/// Σ a[i]·b[i] for two unaligned arrays, neither padded: the same chains as a score.
+/// Scores of n rows for `heads` query heads (rows qs + h·q_stride, scores s + h·s_stride):
+/// heads in pairs sharing each K load, four rows at a time; the rest one head at a time.
+template <class Loader>
+HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
+                           std::size_t heads, const std::byte* const* k, std::size_t n,
+                           std::size_t dim, float* s, std::size_t s_stride) {
+  std::size_t h = 0;
+  for (; h + 2 <= heads; h += 2) {
+    const float* qa = qs + h * q_stride;
+    const float* qb = qa + q_stride;
+    float* sa = s + h * s_stride;
+    float* sb = sa + s_stride;
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) Score4x2<Loader>(d, qa, qb, k + j, dim, sa + j, sb + j);
+    ScoreRows<Loader>(d, qa, k, j, n, dim, sa);
+    ScoreRows<Loader>(d, qb, k, j, n, dim, sb);
+  }
+  if (h < heads) ScoreRows<Loader>(d, qs + h * q_stride, k, 0, n, dim, s + h * s_stride);
+}
+
+/// Σ a[i]·b[i] for two unaligned arrays, neither padded (two chains, then across lanes).
 HWY_INLINE float Dot(DF d, const float* a, const float* b, std::size_t n) {
   const std::size_t N = hn::Lanes(d);
   VF e = hn::Zero(d), o = hn::Zero(d);
@@ -117,7 +183,7 @@ HWY_INLINE float Dot(DF d, const float* a, const float* b, std::size_t n) {
     i += N;
   }
   if (i < n) o = hn::MulAdd(LoadPartial(d, a + i, n - i), LoadPartial(d, b + i, n - i), o);
-  return DotFinal(d, e, o);
+  return SumLanes(d, hn::Add(e, o));
 }
 
 }  // namespace ringkv::simd::HWY_NAMESPACE

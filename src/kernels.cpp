@@ -17,6 +17,12 @@ module;
 module ringkv.kernels;
 
 namespace ringkv::kernels {
+
+// The exported constants describe the kernels' arithmetic; they must be the kernels' own.
+static_assert(block_positions == simd::block_positions);
+static_assert(segment_positions == simd::segment_positions);
+static_assert(max_head_dim == simd::max_head_dim);
+
 namespace {
 
 [[noreturn]] void refuse(std::string_view caller, const std::string& what) {

@@ -45,6 +45,7 @@ struct row_loader;
 
 template <>
 struct row_loader<float> {
+  using type = float;
   /// Lanes(d) floats of `row` from element i.
   static HWY_INLINE VF load(DF d, const std::byte* row, std::size_t i) {
     return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
@@ -54,6 +55,37 @@ struct row_loader<float> {
     return LoadPartial(d, reinterpret_cast<const float*>(row) + i, n);
   }
 };
+
+/// Reads a whole vector of a row from element i (a functor, so tile code is written once for
+/// whole vectors and for the partial last one).
+template <class Loader>
+struct vector_at {
+  DF d;
+  std::size_t i;
+  HWY_INLINE VF operator()(const std::byte* row) const { return Loader::load(d, row, i); }
+};
+
+/// Reads the row's last n (< Lanes) elements from element i, zeros above.
+template <class Loader>
+struct tail_at {
+  DF d;
+  std::size_t i, n;
+  HWY_INLINE VF operator()(const std::byte* row) const { return Loader::load_tail(d, row, i, n); }
+};
+
+/// a_k += x · y_k and b_k += z · y_k for k = 0 … 3: two rows of a tile sharing four loaded
+/// vectors (K for two query heads' scores, V for two heads' weighted sums).
+HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF& a1, VF& a2,
+                             VF& a3, VF& b0, VF& b1, VF& b2, VF& b3) {
+  a0 = hn::MulAdd(x, y0, a0);
+  b0 = hn::MulAdd(z, y0, b0);
+  a1 = hn::MulAdd(x, y1, a1);
+  b1 = hn::MulAdd(z, y1, b1);
+  a2 = hn::MulAdd(x, y2, a2);
+  b2 = hn::MulAdd(z, y2, b2);
+  a3 = hn::MulAdd(x, y3, a3);
+  b3 = hn::MulAdd(z, y3, b3);
+}
 
 /// One past the newest position of the window.
 HWY_INLINE std::size_t WindowEnd(const window& w) {

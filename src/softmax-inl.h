@@ -31,7 +31,7 @@ inline constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 /// Query heads [q0, q0 + count) of kv head `kv_head` and their scratch.
 struct chunk {
   std::size_t kv_head = 0, q0 = 0, count = 0;
-  std::size_t padded_dim = 0;  // head_dim rounded up to block_positions floats
+  std::size_t padded_dim = 0;  // head_dim rounded up to 16 floats
   const float* q = nullptr;    // [count, padded_dim] query · scale, zero-padded, 64-byte aligned
   float* scores = nullptr;     // [count, block_positions] a block's scores, then exp'd; aligned
   float* rescale = nullptr;    // [count] exp(old max − new max) for the current block
@@ -52,96 +52,181 @@ HWY_INLINE state Rows(const state& s, std::size_t q0, std::size_t head_dim) {
 /// Scores of the block's rows for every head of the chunk; lanes past the rows are −inf.
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b) {
-  for (std::size_t h = 0; h < c.count; ++h) {
-    float* s = c.scores + h * block_positions;
-    DotRows<Loader>(d, c.q + h * c.padded_dim, b.k, b.n, head_dim, s);
-    std::fill(s + b.n, s + block_positions, minus_infinity);
-  }
+  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores,
+                     block_positions);
+  if (b.n < block_positions)
+    for (std::size_t h = 0; h < c.count; ++h)
+      std::fill(c.scores + h * block_positions + b.n, c.scores + (h + 1) * block_positions,
+                minus_infinity);
 }
 
 /// Per head: the new max, exp(score − max) in place (vector Exp over the block), the rescale of
-/// the old state, and the new denominator.
+/// the old state, and the new denominator. The rescales of all heads share vector Exps (lane-wise
+/// arithmetic: a head's value does not depend on its neighbours).
 HWY_INLINE void ExpBlock(const chunk& c, const state& s) {
   const DB db;
   const std::size_t nb = hn::Lanes(db);
   for (std::size_t h = 0; h < c.count; ++h) {
-    float* sc = c.scores + h * block_positions;
+    const float* sc = c.scores + h * block_positions;
     auto vmax = hn::Load(db, sc);
     for (std::size_t k = nb; k < block_positions; k += nb) vmax = hn::Max(vmax, hn::Load(db, sc + k));
     const float m_new = std::max(s.max[h], hn::GetLane(hn::MaxOfLanes(db, vmax)));
-    const auto vm = hn::Set(db, m_new);
+    c.rescale[h] = s.max[h] - m_new;  // its exp, below
+    s.max[h] = m_new;
+  }
+  const DF d;
+  const std::size_t N = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + N <= c.count; i += N)
+    hn::StoreU(hn::Exp(d, hn::LoadU(d, c.rescale + i)), d, c.rescale + i);
+  if (i < c.count)
+    StorePartial(d, hn::Exp(d, LoadPartial(d, c.rescale + i, c.count - i)), c.rescale + i,
+                 c.count - i);
+  for (std::size_t h = 0; h < c.count; ++h) {
+    float* sc = c.scores + h * block_positions;
+    const auto vm = hn::Set(db, s.max[h]);
     auto vsum = hn::Zero(db);
     for (std::size_t k = 0; k < block_positions; k += nb) {
       const auto e = hn::Exp(db, hn::Sub(hn::Load(db, sc + k), vm));
       hn::Store(e, db, sc + k);
       vsum = hn::Add(vsum, e);
     }
-    const float r = hn::GetLane(hn::Exp(db, hn::Set(db, s.max[h] - m_new)));
-    s.sum[h] = s.sum[h] * r + hn::GetLane(hn::SumOfLanes(db, vsum));
-    s.max[h] = m_new;
-    c.rescale[h] = r;
+    s.sum[h] = s.sum[h] * c.rescale[h] + hn::GetLane(hn::SumOfLanes(db, vsum));
   }
 }
 
-// acc ← acc · r + Σ_j p_j · v_j for a slice of head_dim. Per element the arithmetic is the same
-// whatever the slice width: a chain over the block's rows from zero, then one fused fold.
+// acc ← acc · r + Σ_j p_j · v_j over a slice of head_dim. Per element the arithmetic is the same
+// whatever tile computes it: one chain over the block's rows from zero, then one fused fold.
+// Tiles keep eight chains in flight and share loads: two heads × four vectors (each V vector
+// loaded once for both heads of the pair), one head × eight, × four, × one, and the partial
+// last vector.
+
+HWY_INLINE void Fold(DF d, float* acc, VF r, VF a) {
+  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc), r, a), d, acc);
+}
+
+HWY_INLINE void Fold4(DF d, float* acc, VF r, VF a0, VF a1, VF a2, VF a3) {
+  const std::size_t N = hn::Lanes(d);
+  Fold(d, acc, r, a0);
+  Fold(d, acc + N, r, a1);
+  Fold(d, acc + 2 * N, r, a2);
+  Fold(d, acc + 3 * N, r, a3);
+}
+
+/// a_k += w · row[i + k·N …] for k = 0 … 3.
+template <class Loader>
+HWY_INLINE void Step4(DF d, VF w, const std::byte* row, std::size_t i, VF& a0, VF& a1, VF& a2,
+                      VF& a3) {
+  const std::size_t N = hn::Lanes(d);
+  a0 = hn::MulAdd(w, Loader::load(d, row, i), a0);
+  a1 = hn::MulAdd(w, Loader::load(d, row, i + N), a1);
+  a2 = hn::MulAdd(w, Loader::load(d, row, i + 2 * N), a2);
+  a3 = hn::MulAdd(w, Loader::load(d, row, i + 3 * N), a3);
+}
 
 template <class Loader>
-HWY_INLINE void AccumulateTile4(DF d, const float* p, const block_rows& b, std::size_t i, float r,
-                                float* acc) {
+HWY_INLINE void Accumulate2x4(DF d, const float* pa, const float* pb, const block_rows& b,
+                              std::size_t i, float ra, float rb, float* acc_a, float* acc_b) {
   const std::size_t N = hn::Lanes(d);
   VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  VF b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
   for (std::size_t j = 0; j < b.n; ++j) {
-    const VF pj = hn::Set(d, p[j]);
-    a0 = hn::MulAdd(pj, Loader::load(d, b.v[j], i), a0);
-    a1 = hn::MulAdd(pj, Loader::load(d, b.v[j], i + N), a1);
-    a2 = hn::MulAdd(pj, Loader::load(d, b.v[j], i + 2 * N), a2);
-    a3 = hn::MulAdd(pj, Loader::load(d, b.v[j], i + 3 * N), a3);
+    const std::byte* row = b.v[j];
+    OuterStep2x4(hn::Set(d, pa[j]), hn::Set(d, pb[j]), Loader::load(d, row, i),
+                 Loader::load(d, row, i + N), Loader::load(d, row, i + 2 * N),
+                 Loader::load(d, row, i + 3 * N), a0, a1, a2, a3, b0, b1, b2, b3);
+  }
+  Fold4(d, acc_a + i, hn::Set(d, ra), a0, a1, a2, a3);
+  Fold4(d, acc_b + i, hn::Set(d, rb), b0, b1, b2, b3);
+}
+
+template <class Loader>
+HWY_INLINE void Accumulate1x8(DF d, const float* p, const block_rows& b, std::size_t i, float r,
+                              float* acc) {
+  const std::size_t N = hn::Lanes(d);
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  VF a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
+  for (std::size_t j = 0; j < b.n; ++j) {
+    const VF w = hn::Set(d, p[j]);
+    Step4<Loader>(d, w, b.v[j], i, a0, a1, a2, a3);
+    Step4<Loader>(d, w, b.v[j], i + 4 * N, a4, a5, a6, a7);
   }
   const VF vr = hn::Set(d, r);
-  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i), vr, a0), d, acc + i);
-  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i + N), vr, a1), d, acc + i + N);
-  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i + 2 * N), vr, a2), d, acc + i + 2 * N);
-  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i + 3 * N), vr, a3), d, acc + i + 3 * N);
+  Fold4(d, acc + i, vr, a0, a1, a2, a3);
+  Fold4(d, acc + i + 4 * N, vr, a4, a5, a6, a7);
 }
 
 template <class Loader>
-HWY_INLINE void AccumulateTile1(DF d, const float* p, const block_rows& b, std::size_t i, float r,
-                                float* acc) {
-  VF a = hn::Zero(d);
-  for (std::size_t j = 0; j < b.n; ++j)
-    a = hn::MulAdd(hn::Set(d, p[j]), Loader::load(d, b.v[j], i), a);
-  hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i), hn::Set(d, r), a), d, acc + i);
+HWY_INLINE void Accumulate1x4(DF d, const float* p, const block_rows& b, std::size_t i, float r,
+                              float* acc) {
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (std::size_t j = 0; j < b.n; ++j) Step4<Loader>(d, hn::Set(d, p[j]), b.v[j], i, a0, a1, a2, a3);
+  Fold4(d, acc + i, hn::Set(d, r), a0, a1, a2, a3);
 }
 
+/// One vector of the slice (`at` reads a whole vector or the row's tail).
+template <class At>
+HWY_INLINE VF AccumulateOne(DF d, const float* p, const block_rows& b, At at) {
+  VF a = hn::Zero(d);
+  for (std::size_t j = 0; j < b.n; ++j) a = hn::MulAdd(hn::Set(d, p[j]), at(b.v[j]), a);
+  return a;
+}
+
+/// One head's slice [i, head_dim) with the widest one-head tiles that fit.
 template <class Loader>
-HWY_INLINE void AccumulateTail(DF d, const float* p, const block_rows& b, std::size_t i,
-                               std::size_t n, float r, float* acc) {
-  VF a = hn::Zero(d);
-  for (std::size_t j = 0; j < b.n; ++j)
-    a = hn::MulAdd(hn::Set(d, p[j]), Loader::load_tail(d, b.v[j], i, n), a);
-  StorePartial(d, hn::MulAdd(LoadPartial(d, acc + i, n), hn::Set(d, r), a), acc + i, n);
+HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const block_rows& b,
+                               std::size_t i, float r, float* acc) {
+  const std::size_t N = hn::Lanes(d);
+  for (; i + 8 * N <= head_dim; i += 8 * N) Accumulate1x8<Loader>(d, p, b, i, r, acc);
+  for (; i + 4 * N <= head_dim; i += 4 * N) Accumulate1x4<Loader>(d, p, b, i, r, acc);
+  for (; i + N <= head_dim; i += N)
+    Fold(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, vector_at<Loader>{d, i}));
+  if (i < head_dim) {
+    const std::size_t n = head_dim - i;
+    const VF a = AccumulateOne(d, p, b, tail_at<Loader>{d, i, n});
+    StorePartial(d, hn::MulAdd(LoadPartial(d, acc + i, n), hn::Set(d, r), a), acc + i, n);
+  }
 }
 
-/// Folds the block's V rows into every head's accumulator. Slices of head_dim outside, heads
-/// inside: a slice of the block's V rows stays in L1 while each head of the group uses it.
+/// Folds the block's V rows into every head's accumulator: heads in pairs sharing each V load,
+/// a lone head on its own; the block's rows stay in L1 from one pair to the next.
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                                 const state& s) {
   const std::size_t N = hn::Lanes(d);
-  std::size_t i = 0;
-  for (; i + 4 * N <= head_dim; i += 4 * N)
-    for (std::size_t h = 0; h < c.count; ++h)
-      AccumulateTile4<Loader>(d, c.scores + h * block_positions, b, i, c.rescale[h],
-                              s.acc + h * head_dim);
-  for (; i + N <= head_dim; i += N)
-    for (std::size_t h = 0; h < c.count; ++h)
-      AccumulateTile1<Loader>(d, c.scores + h * block_positions, b, i, c.rescale[h],
-                              s.acc + h * head_dim);
-  if (i < head_dim)
-    for (std::size_t h = 0; h < c.count; ++h)
-      AccumulateTail<Loader>(d, c.scores + h * block_positions, b, i, head_dim - i,
-                             c.rescale[h], s.acc + h * head_dim);
+  std::size_t h = 0;
+  for (; h + 2 <= c.count; h += 2) {
+    const float* pa = c.scores + h * block_positions;
+    const float* pb = pa + block_positions;
+    float* acc_a = s.acc + h * head_dim;
+    float* acc_b = acc_a + head_dim;
+    std::size_t i = 0;
+    for (; i + 4 * N <= head_dim; i += 4 * N)
+      Accumulate2x4<Loader>(d, pa, pb, b, i, c.rescale[h], c.rescale[h + 1], acc_a, acc_b);
+    AccumulateRest<Loader>(d, head_dim, pa, b, i, c.rescale[h], acc_a);
+    AccumulateRest<Loader>(d, head_dim, pb, b, i, c.rescale[h + 1], acc_b);
+  }
+  if (h < c.count)
+    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b, 0, c.rescale[h],
+                           s.acc + h * head_dim);
+}
+
+/// Asks for every cache line of the rows, into L2, ahead of their use. Score tiles read four or
+/// eight K rows side by side, a pattern the hardware prefetcher follows poorly from L3 or memory
+/// (measured: up to 2× slower without this); prefetching V rows as well did not pay.
+HWY_INLINE void PrefetchRows(const std::byte* const* rows, std::size_t n, std::size_t row_bytes) {
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t offset = 0; offset < row_bytes; offset += 64)
+      __builtin_prefetch(rows[j] + offset, 0, 2);
+}
+
+/// Prefetches kv head h's K rows of the block that starts at window position `pos` (if < hi).
+HWY_INLINE void PrefetchBlock(const window& keys, std::size_t h, std::size_t pos, std::size_t hi,
+                              std::size_t row_bytes) {
+  if (pos >= hi) return;
+  const std::byte* rows[block_positions];
+  const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
+  PrefetchRows(rows, CollectRows(keys, h, pos, end, rows), row_bytes);
 }
 
 /// Continues the chunk's state `s` (its rows) over the positions of `positions` in [from, to),
@@ -166,13 +251,17 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
-/// AttendBlocks over the problem's own K/V rows.
+/// AttendBlocks over the problem's own K/V rows; collecting a block's rows also prefetches the
+/// next block's K rows, so they arrive while this block is attended.
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
+  const std::size_t hi = std::min(to, WindowEnd(p.keys));
+  const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b) {
+        PrefetchBlock(p.keys, c.kv_head, NextPosition(p.keys, end), hi, row_bytes);
         CollectRows(p.values, c.kv_head, pos, end, b.v);
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },

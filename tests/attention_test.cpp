@@ -337,32 +337,36 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
   // A capacity-37 ring after several laps against a cache that holds every position in one run:
   // for each of the 37 wrap points and several W (within one block, across blocks, the whole
-  // ring), the outputs are equal bit for bit, on every target.
-  constexpr std::size_t kv = 2, q = 8, dim = 40;  // 40: a partial last vector on every target
+  // ring), the outputs are equal bit for bit, on every target. Two geometries: 8 heads over 2
+  // (head pairs) with head_dim 44, and 3 over 1 (a pair and a lone head) with head_dim 75 — so
+  // every tile shape and a partial last vector take part.
   const windowed_attention attention;
-  ring_fixture flat(kv, dim, 37 * 6);
-  flat.append_until(37 * 6);
-  ring_fixture ring(kv, dim, 37);
-  const auto query = make_query(q, dim, 11);
-  const auto sinks = make_sinks(q);
-  std::vector<float> a(q * dim), b(q * dim);
   std::size_t wrapped = 0, compared = 0;
-  for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
-    ring.append_until(end);
-    for (std::size_t w : {1, 5, 16, 17, 30, 33, 37}) {
-      const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
-      const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
-      BOOST_REQUIRE(!fk.wrapped());
-      wrapped += rk.wrapped();
-      for_each_target([&](const char* target) {
-        attention.decode_step(query, rk, rv, a, 0.0f, sinks);
-        attention.decode_step(query, fk, fv, b, 0.0f, sinks);
-        BOOST_TEST(same_bits(a, b), target << " end " << end << " W " << w);
-        ++compared;
-      });
+  for (const heads hs : {heads{8, 2}, heads{3, 1}}) {
+    const std::size_t dim = hs.q == 8 ? 44 : 75;
+    ring_fixture flat(hs.kv, dim, 37 * 6);
+    flat.append_until(37 * 6);
+    ring_fixture ring(hs.kv, dim, 37);
+    const auto query = make_query(hs.q, dim, 11);
+    const auto sinks = make_sinks(hs.q);
+    std::vector<float> a(hs.q * dim), b(hs.q * dim);
+    for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
+      ring.append_until(end);
+      for (std::size_t w : {1, 5, 16, 17, 30, 33, 37}) {
+        const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
+        const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
+        BOOST_REQUIRE(!fk.wrapped());
+        wrapped += rk.wrapped();
+        for_each_target([&](const char* target) {
+          attention.decode_step(query, rk, rv, a, 0.0f, sinks);
+          attention.decode_step(query, fk, fv, b, 0.0f, sinks);
+          BOOST_TEST(same_bits(a, b), target << " heads " << hs.q << "/" << hs.kv << " end " << end << " W " << w);
+          ++compared;
+        });
+      }
     }
   }
-  BOOST_TEST(wrapped > 100u);  // most windows straddle the ring's end
+  BOOST_TEST(wrapped > 200u);  // most windows straddle the ring's end
   BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
 }
 
@@ -388,6 +392,71 @@ BOOST_AUTO_TEST_CASE(a_pinned_wrapped_ring_and_a_never_wrapped_cache_give_identi
       });
     }
   }
+}
+
+namespace {
+/// Appends position p (rows from element()) to layer 0 of `store`.
+void append_position(ringkv::kv_cache_store& store, std::size_t p) {
+  const ringkv::kv_cache_config c = store.config();
+  std::vector<float> k(c.kv_heads * c.head_dim), v(k.size());
+  for (std::size_t h = 0; h < c.kv_heads; ++h)
+    for (std::size_t i = 0; i < c.head_dim; ++i) {
+      k[h * c.head_dim + i] = element(kind::key, p, h, i);
+      v[h * c.head_dim + i] = element(kind::value, p, h, i);
+    }
+  BOOST_REQUIRE(store.append(0, k, v) == p);
+}
+
+/// Two windows' runs as one window (positions of `first` before those of `second`).
+windowed_kv joined(const windowed_kv& first, const windowed_kv& second) {
+  std::array<kv_run, 3> runs{};
+  std::size_t n = 0;
+  for (const windowed_kv* w : {&first, &second})
+    for (std::size_t r = 0; r < w->runs().size(); ++r) runs[n++] = {w->runs()[r], w->run_first_position(r)};
+  return windowed_kv(std::span<const kv_run>(runs.data(), n));
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_identical_bits) {
+  // M2-A4 with ringkv.store: default_kv_cache_store as a capacity-37 ring (without and with 3
+  // pinned sinks) after several laps, against a dense store holding every position; windows from
+  // key_window/value_window (zero-copy runs), every wrap point, several W, every target.
+  const windowed_attention attention;
+  constexpr std::size_t kv = 2, q = 8, dim = 44;
+  const auto query = make_query(q, dim, 21);
+  const auto sinks = make_sinks(q);
+  std::vector<float> a(q * dim), b(q * dim);
+  std::size_t wrapped = 0;
+  for (std::size_t keep : {0, 3}) {
+    ringkv::default_kv_cache_store ring({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37},
+                                        {.sliding_window = true, .keep = keep});
+    ringkv::default_kv_cache_store flat({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37 * 6});
+    for (std::size_t p = 0; p < 37 * 4; ++p) {
+      append_position(ring, p);
+      append_position(flat, p);
+    }
+    for (std::size_t end = 37 * 4; end < 37 * 5; ++end) {
+      append_position(ring, end);
+      append_position(flat, end);
+      for (std::size_t w : {1, 5, 16, 17, 30, 34}) {
+        const std::size_t from = end + 1 - w;
+        BOOST_REQUIRE(ring.holds(0, from, end + 1));
+        const windowed_kv rk = ring.key_window(0, from, end + 1), rv = ring.value_window(0, from, end + 1);
+        const windowed_kv fk = keep ? joined(flat.key_window(0, 0, keep), flat.key_window(0, from, end + 1))
+                                    : flat.key_window(0, from, end + 1);
+        const windowed_kv fv = keep ? joined(flat.value_window(0, 0, keep), flat.value_window(0, from, end + 1))
+                                    : flat.value_window(0, from, end + 1);
+        BOOST_REQUIRE(rk.length() == fk.length());
+        wrapped += rk.wrapped();
+        for_each_target([&](const char* target) {
+          attention.decode_step(query, rk, rv, a, 0.0f, sinks);
+          attention.decode_step(query, fk, fv, b, 0.0f, sinks);
+          BOOST_TEST(same_bits(a, b), target << " keep " << keep << " end " << end << " W " << w);
+        });
+      }
+    }
+  }
+  BOOST_TEST(wrapped > 150u);
 }
 
 BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_right) {

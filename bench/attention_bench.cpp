@@ -1,0 +1,213 @@
+// One decode step, one thread, f32 K/V, 8 query heads over 8 or 2 kv heads, head_dim 64/128,
+// windows of 256, 4096 and 32768 positions. Variants, measured in the same run:
+//   roof      a streaming read of the same K+V bytes (nothing can attend them faster)
+//   pair      ringkv: windowed_attention::decode_step over a wrapped ring (the window's two runs)
+//   gathered  ringkv: decode_step_gathered (copy both runs into a scope, then attend one run)
+//   scalar    a plain two-pass softmax (scores, then exp and V) per query head, scalar code
+// Counters: bytes_per_second = unique K+V bytes per step / time; x_roof = time / roof time.
+// Run through scripts/bench (release build, JSON in build/bench/attention.json).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "stream_read.h"
+
+import ringkv;
+
+namespace {
+
+using ringkv::windowed_kv;
+
+struct shape {
+  std::size_t dim, window, kv_heads;
+  static constexpr std::size_t q_heads = 8;
+  auto key() const { return std::tuple(dim, window, kv_heads); }
+  std::size_t kv_bytes() const { return 2 * kv_heads * window * dim * sizeof(float); }
+};
+
+/// One layer's K and V as the store lays them out, [kv_heads][capacity = W][head_dim] each, after
+/// 3.5 laps: the window of the newest W positions starts mid-ring, so it is two runs.
+class wrapped_layer {
+ public:
+  explicit wrapped_layer(shape s)
+      : s_(s), k_(s.kv_bytes() / 2, "bench-keys"), v_(s.kv_bytes() / 2, "bench-values"),
+        query_(s.q_heads * s.dim), out_(s.q_heads * s.dim), scores_(s.window) {
+    std::uint32_t x = 12345;
+    auto next = [&x] { return (x = x * 1664525u + 1013904223u) * 0x1.0p-31f - 1.0f; };
+    for (float& f : k_.as<float>()) f = next();
+    for (float& f : v_.as<float>()) f = next();
+    for (float& f : query_) f = 2.0f * next();
+  }
+  windowed_kv keys() { return window(k_); }
+  windowed_kv values() { return window(v_); }
+  std::span<const float> query() const { return query_; }
+  std::span<float> out() { return out_; }
+  std::span<float> scores() { return scores_; }
+  const ringkv::storage& key_storage() const { return k_; }
+  const ringkv::storage& value_storage() const { return v_; }
+
+ private:
+  windowed_kv window(ringkv::storage& st) {
+    const std::size_t w = s_.window, half = w / 2, d = s_.dim, row = d * sizeof(float);
+    const ringkv::tensor_view head(st.data() + half * row, ringkv::dtype::f32, s_.kv_heads,
+                                   w - half, d, w * d, d);  // slots [W/2, W)
+    const ringkv::tensor_view tail(st.data(), ringkv::dtype::f32, s_.kv_heads, half, d, w * d,
+                                   d);  // slots [0, W/2)
+    return windowed_kv(head, tail, 3 * w - half);  // positions [2.5 W, 3.5 W)
+  }
+
+  shape s_;
+  ringkv::storage k_, v_;      // [kv_heads, W, head_dim] each
+  std::vector<float> query_;   // [q_heads, head_dim]
+  std::vector<float> out_;     // [q_heads, head_dim]
+  std::vector<float> scores_;  // [W] for the scalar reference
+};
+
+/// The layer of the shape being measured (variants of a shape run one after another; one layer
+/// at a time keeps the largest shapes' 256 MB from piling up).
+wrapped_layer& layer_for(shape s) {
+  static std::unique_ptr<wrapped_layer> layer;
+  static std::tuple<std::size_t, std::size_t, std::size_t> current;
+  if (!layer || current != s.key()) {
+    layer.reset();
+    layer = std::make_unique<wrapped_layer>(s);
+    current = s.key();
+  }
+  return *layer;
+}
+
+float read_roof(wrapped_layer& l) {
+  const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
+  return ringkv_bench::stream_read(k.data(), k.size()) + ringkv_bench::stream_read(v.data(), v.size());
+}
+
+/// Nanoseconds of the roof for this shape: the fastest of several timed batches, measured once.
+double roof_nanos(shape s) {
+  static std::map<std::tuple<std::size_t, std::size_t, std::size_t>, double> cache;
+  if (auto it = cache.find(s.key()); it != cache.end()) return it->second;
+  wrapped_layer& l = layer_for(s);
+  const std::size_t batch = std::max<std::size_t>(1, (std::size_t(64) << 20) / s.kv_bytes());
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 15; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < batch; ++i) benchmark::DoNotOptimize(read_roof(l));
+    const std::chrono::duration<double, std::nano> dt = std::chrono::steady_clock::now() - t0;
+    best = std::min(best, dt.count() / double(batch));
+  }
+  return cache[s.key()] = best;
+}
+
+/// Runs `step` as the benchmark loop and sets the counters every variant reports.
+template <class Step>
+void measure(benchmark::State& state, shape s, Step&& step) {
+  const double roof = roof_nanos(s);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    step();
+    benchmark::ClobberMemory();
+  }
+  const std::chrono::duration<double, std::nano> dt = std::chrono::steady_clock::now() - t0;
+  state.SetBytesProcessed(std::int64_t(state.iterations() * s.kv_bytes()));
+  state.counters["x_roof"] = dt.count() / double(state.iterations()) / roof;
+  state.counters["kv_bytes"] = double(s.kv_bytes());
+}
+
+void roof(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  measure(state, s, [&] { benchmark::DoNotOptimize(read_roof(l)); });
+}
+
+void pair(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const ringkv::windowed_attention attention;
+  const windowed_kv k = l.keys(), v = l.values();
+  state.SetLabel(std::string(ringkv::kernels::target_name()));
+  measure(state, s, [&] { attention.decode_step(l.query(), k, v, l.out()); });
+}
+
+void gathered(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const ringkv::windowed_attention attention;
+  const windowed_kv k = l.keys(), v = l.values();
+  ringkv::scope arena(s.kv_bytes() + 4096);
+  state.SetLabel(std::string(ringkv::kernels::target_name()));
+  measure(state, s, [&] {
+    attention.decode_step_gathered(l.query(), k, v, l.out(), arena);
+    arena.reset();
+  });
+}
+
+/// The textbook decode step, scalar: per query head, all scores and their max, then exp, the
+/// denominator and the weighted V rows (K and V are read once per query head).
+void scalar_two_pass(std::span<const float> query, const windowed_kv& k, const windowed_kv& v,
+                     std::span<float> out, std::span<float> scores, std::size_t q_heads) {
+  const std::size_t dim = k.head_dim(), group = q_heads / k.heads();
+  const float scale = 1.0f / std::sqrt(float(dim));
+  for (std::size_t h = 0; h < q_heads; ++h) {
+    const float* q = query.data() + h * dim;
+    float* o = out.data() + h * dim;
+    float m = -std::numeric_limits<float>::infinity();
+    std::size_t j = 0;
+    for (const ringkv::tensor_view& run : k.runs())
+      for (std::size_t p = 0; p < run.positions(); ++p, ++j) {
+        const float* row = run.row<float>(h / group, p).data();
+        float dot = 0;
+        for (std::size_t i = 0; i < dim; ++i) dot += q[i] * row[i];
+        scores[j] = dot * scale;
+        m = std::max(m, scores[j]);
+      }
+    float sum = 0;
+    std::fill(o, o + dim, 0.0f);
+    j = 0;
+    for (const ringkv::tensor_view& run : v.runs())
+      for (std::size_t p = 0; p < run.positions(); ++p, ++j) {
+        const float w = std::exp(scores[j] - m);
+        const float* row = run.row<float>(h / group, p).data();
+        sum += w;
+        for (std::size_t i = 0; i < dim; ++i) o[i] += w * row[i];
+      }
+    for (std::size_t i = 0; i < dim; ++i) o[i] /= sum;
+  }
+}
+
+void scalar(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const windowed_kv k = l.keys(), v = l.values();
+  measure(state, s, [&] { scalar_two_pass(l.query(), k, v, l.out(), l.scores(), shape::q_heads); });
+}
+
+/// The fastest repetition: on a machine shared with other work, the least disturbed one.
+double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  for (std::size_t dim : {64, 128})
+    for (std::size_t window : {256, 4096, 32768})
+      for (std::size_t kv : {8, 2}) {
+        const shape s{dim, window, kv};
+        const std::string name = "decode/D:" + std::to_string(dim) + "/W:" + std::to_string(window) +
+                                 "/kv:" + std::to_string(kv) + "/";
+        for (auto [variant, fn] : std::array<std::pair<const char*, void (*)(benchmark::State&, shape)>, 4>{
+                 {{"roof", roof}, {"pair", pair}, {"gathered", gathered}, {"scalar", scalar}}})
+          benchmark::RegisterBenchmark((name + variant).c_str(), fn, s)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime()
+              ->ComputeStatistics("min", fastest);
+      }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
