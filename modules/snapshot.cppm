@@ -16,6 +16,7 @@ module;
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 export module ringkv.snapshot;
 export import ringkv.store;
 
@@ -105,7 +106,9 @@ class snapshot_in {
   std::uint8_t u8();
   std::uint32_t u32();
   std::uint64_t u64();
-  void elements(std::byte* data, std::size_t count, std::size_t size);
+  /// The next `n` bytes, read in chunks so a header that claims more than the stream holds
+  /// fails as truncated after allocating only what was there.
+  std::vector<std::byte> block(std::size_t n);
   /// Reads the stored checksum and throws snapshot_error unless it matches.
   void finish();
   /// Throws snapshot_error(what + " at byte " + at) at offset `at`.
@@ -117,6 +120,10 @@ class snapshot_in {
   std::unique_ptr<hash_state, hash_state_deleter> hash_;
 };
 
+/// Copies `count` little-endian elements of `size` bytes (2 or 4) to host order; O(count).
+void copy_elements(std::byte* dst, const std::byte* src, std::size_t count,
+                   std::size_t size) noexcept;
+
 /// The header fields common to every kind, as read (and checked) by load.
 struct snapshot_header {
   snapshot_kind kind{};
@@ -125,7 +132,9 @@ struct snapshot_header {
 };
 
 /// Per kind: the kind parameters, the per-layer counters and the held rows, after the common
-/// header, and (load) the store built from them.
+/// header, and (load) the store built from them. A loader reads its whole section and checks
+/// the checksum (in.finish()) before it allocates the store, so a corrupt size cannot make it
+/// allocate (and zero) more than the snapshot's own bytes.
 void save_default(const default_kv_cache_store& store, snapshot_out& out);
 std::unique_ptr<kv_cache_store> load_default(const snapshot_header& h, snapshot_in& in,
                                              trace::sink& sink, std::size_t max_store_bytes);

@@ -24,6 +24,7 @@ module;
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <xxhash.h>
 module ringkv.snapshot;
 
@@ -142,9 +143,30 @@ std::uint64_t snapshot_in::u64() {
   return little(v);
 }
 
-void snapshot_in::elements(std::byte* data, std::size_t count, std::size_t size) {
-  bytes(data, count * size);
-  swap_elements(data, count, size);
+void copy_elements(std::byte* dst, const std::byte* src, std::size_t count,
+                   std::size_t size) noexcept {
+  std::memcpy(dst, src, count * size);
+  swap_elements(dst, count, size);
+}
+
+std::vector<std::byte> snapshot_in::block(std::size_t n) {
+  constexpr std::size_t chunk = std::size_t(1) << 20;
+  std::vector<std::byte> out;
+  out.reserve(std::min(n, chunk));
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t step = std::min(chunk, n - done);
+    out.resize(done + step);
+    const std::uint64_t at = offset_;
+    try {
+      bytes(out.data() + done, step);
+    } catch (const snapshot_error& e) {
+      fail("truncated snapshot: " + str(n) + " data bytes needed, " +
+               str(done + (e.offset() - at)) + " left",
+           e.offset());
+    }
+    done += step;
+  }
+  return out;
 }
 
 void snapshot_in::finish() {
@@ -285,9 +307,7 @@ std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink,
                                      std::size_t max_store_bytes) {
   detail::snapshot_in s(in);
   const detail::snapshot_header h = detail::read_header(s);
-  std::unique_ptr<kv_cache_store> store = detail::load_default(h, s, sink, max_store_bytes);
-  s.finish();  // a mismatch destroys the store built so far: nothing half-built escapes
-  return store;
+  return detail::load_default(h, s, sink, max_store_bytes);
 }
 
 }  // namespace ringkv

@@ -92,16 +92,28 @@ std::unique_ptr<kv_cache_store> load_default(const snapshot_header& h, snapshot_
                 (bytes == 0 ? std::string("more than 2^64") : std::to_string(bytes)) +
                 " bytes (limit " + std::to_string(max_store_bytes) + ")",
             16);
+  // Held rows <= capacity per layer and bytes did not overflow: this sum cannot either.
+  std::size_t data_bytes = 0;
+  for (const layer_counters& lc : counters) {
+    const std::size_t held = lc.window_start == 0 ? lc.length
+                                                  : h.options.keep + lc.length - lc.window_start;
+    data_bytes += held * c.row_floats() * (size_of(c.key_type) + size_of(c.value_type));
+  }
+  const std::vector<std::byte> data = in.block(data_bytes);
+  in.finish();  // checked before the store is allocated: nothing is built from a corrupt file
+
   auto store = std::make_unique<default_kv_cache_store>(c, h.options, sink);
   for (std::size_t l = 0; l < c.layers; ++l) access::set_counters(*store, l, counters[l]);
   const std::size_t d = c.head_dim;
+  const std::byte* next = data.data();
   for (std::size_t l = 0; l < c.layers; ++l)
     for (kv_side side : {kv_side::keys, kv_side::values}) {
       const std::size_t size = size_of(side == kv_side::keys ? c.key_type : c.value_type);
       std::byte* base = access::data(*store, l, side);
       for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
         for_each_held_run(*store, l, [&](std::size_t slot, std::size_t count) {
-          in.elements(base + (hd * c.capacity + slot) * d * size, count * d, size);
+          copy_elements(base + (hd * c.capacity + slot) * d * size, next, count * d, size);
+          next += count * d * size;
         });
     }
   return store;
