@@ -4,12 +4,14 @@ module;
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <istream>
 #include <memory>
 #include <ostream>
+#include <random>
 #include <string>
 #include <system_error>
 #include <fcntl.h>
@@ -44,6 +46,24 @@ void sync_path(const fs::path& p, int flags, const std::string& what) {
   g.close_checked(what);
 }
 
+// Creates a new empty file next to `path` with a fresh random name (so concurrent writers do not
+// collide) and the mode a new file gets (0666 less the umask, unlike mkstemp's 0600).
+fs::path create_temporary(const fs::path& folder, const fs::path& path) {
+  std::random_device random;
+  for (int attempt = 0;; ++attempt) {
+    char suffix[24];
+    std::snprintf(suffix, sizeof suffix, ".tmp-%08x", unsigned(random()));
+    const fs::path tmp = folder / (path.filename().string() + suffix);
+    fd_guard g{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666)};
+    if (g.fd >= 0) {
+      g.close_checked(tmp.string());
+      return tmp;
+    }
+    if (errno != EEXIST || attempt == 100)
+      fail_errno("creating a temporary file next to " + path.string());
+  }
+}
+
 // Writes and syncs the temporary file; throws on any failure.
 void write_synced(const fs::path& tmp, const std::function<void(std::ostream&)>& write) {
   {
@@ -61,13 +81,7 @@ void write_synced(const fs::path& tmp, const std::function<void(std::ostream&)>&
 
 void replace_file(const fs::path& path, const std::function<void(std::ostream&)>& write) {
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string name = (folder / (path.filename().string() + ".tmp-XXXXXX")).string();
-  {
-    fd_guard g{::mkstemp(name.data())};  // a fresh name: concurrent writers do not collide
-    if (g.fd < 0) fail_errno("creating a temporary file next to " + path.string());
-    g.close_checked(name);
-  }
-  const fs::path tmp(name);
+  const fs::path tmp = create_temporary(folder, path);
   try {
     write_synced(tmp, write);
     if (::rename(tmp.c_str(), path.c_str()) != 0)

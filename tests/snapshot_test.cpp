@@ -21,6 +21,7 @@
 #include <string>
 #include <system_error>
 #include <vector>
+#include <sys/stat.h>
 #include <unistd.h>
 
 import ringkv;
@@ -295,6 +296,9 @@ BOOST_AUTO_TEST_CASE(a_file_round_trips_and_is_replaced_whole) {
   append_random(s, 0, 20, 1);
   ringkv::save(s, file);
   BOOST_TEST(read_file(file) == to_bytes(s));
+  const ::mode_t mask = ::umask(0);
+  ::umask(mask);
+  BOOST_TEST(unsigned(fs::status(file).permissions()) == (0666u & ~unsigned(mask)));  // not 0600
   append_random(s, 1, 9, 2);
   ringkv::save(s, file);  // over the previous one
   BOOST_TEST(read_file(file) == to_bytes(s));
