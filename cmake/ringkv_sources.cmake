@@ -32,7 +32,7 @@ set(RINGKV_SOURCES
   src/quant_turbo.cpp
   src/quant_int8.cpp
   src/snapshot.cpp
-  src/snapshot_default.cpp
+  src/snapshot_slots.cpp
   src/snapshot_file.cpp
 )
 # The quantizers' inner loops (rotations, codebook search, QJL projections) are optimised in

@@ -19,6 +19,7 @@ module;
 #include <vector>
 export module ringkv.snapshot;
 export import ringkv.store;
+export import ringkv.quant;
 
 export namespace ringkv {
 
@@ -39,7 +40,7 @@ class snapshot_error : public std::runtime_error {
 inline constexpr std::uint32_t snapshot_version = 1;
 
 /// Store kinds a snapshot can hold (the header's store-kind field).
-enum class snapshot_kind : std::uint32_t { default_store = 1 };
+enum class snapshot_kind : std::uint32_t { default_store = 1, turboquant = 2, int8 = 3 };
 
 /// Writes `store` to `out` (the format above; only held positions); O(held rows). Throws
 /// std::invalid_argument for a store type without a snapshot format, std::ios_base::failure
@@ -131,13 +132,14 @@ struct snapshot_header {
   store_options options{};
 };
 
-/// Per kind: the kind parameters, the per-layer counters and the held rows, after the common
-/// header, and (load) the store built from them. A loader reads its whole section and checks
-/// the checksum (in.finish()) before it allocates the store, so a corrupt size cannot make it
-/// allocate (and zero) more than the snapshot's own bytes.
-void save_default(const default_kv_cache_store& store, snapshot_out& out);
-std::unique_ptr<kv_cache_store> load_default(const snapshot_header& h, snapshot_in& in,
-                                             trace::sink& sink, std::size_t max_store_bytes);
+/// Every slot store (default, TurboQuant, int8): the kind's parameters (TurboQuant: u32
+/// key_bits, u32 value_bits, u8 qjl, u64 seed), the per-layer counters and each layer's planes'
+/// held rows. A loader reads its whole section and checks the checksum (in.finish()) before it
+/// allocates the store, so a corrupt size cannot make it allocate (and zero) more than the
+/// snapshot's own bytes.
+void save_slots(snapshot_kind kind, const slotted_kv_cache_store& store, snapshot_out& out);
+std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in& in,
+                                           trace::sink& sink, std::size_t max_store_bytes);
 
 /// The per-layer counters (length, window_start) of a store with slots: written as two u64 per
 /// layer; read back checked against capacity, keep and the ring (snapshot_error otherwise).

@@ -7,8 +7,9 @@
 //   16  u64 layers, kv_heads, head_dim, capacity
 //   48  u8 key_type, value_type (dtype), u8 sliding_window (0/1), u8 reserved (0)
 //   52  u64 keep, slack
-//   68  the kind's section (default: per layer u64 length, u64 window_start; then per layer,
-//       keys then values, per head the held positions' raw elements in position order)
+//   68  the kind's section: its parameters (TurboQuant: u32 key_bits, u32 value_bits, u8 qjl,
+//       u64 seed; the default and int8 stores have none), per layer u64 length and u64
+//       window_start, then per layer each plane's held rows (src/snapshot_slots.cpp)
 //  end  u64 XXH3-64 (seed 0) of every byte before it
 module;
 #include <algorithm>
@@ -231,8 +232,8 @@ snapshot_header read_header(snapshot_in& in) {
   if (version == 0) in.fail("format version 0 does not exist", 8);
   snapshot_header h;
   const std::uint32_t kind = in.u32();
-  if (kind != std::uint32_t(snapshot_kind::default_store))
-    in.fail("unknown store kind " + str(kind), 12);
+  if (kind < std::uint32_t(snapshot_kind::default_store) || kind > std::uint32_t(snapshot_kind::int8))
+    in.fail("unknown store kind " + str(kind) + " (1 default, 2 turboquant, 3 int8)", 12);
   h.kind = snapshot_kind(kind);
   // Sizes are bounded so that no product below can overflow 64 bits (2^62 positions, 2^24 of
   // each dimension); the kinds bound the bytes they allocate themselves.
@@ -292,14 +293,19 @@ layer_counters read_counters(const snapshot_header& h, snapshot_in& in) {
 }  // namespace detail
 
 void save(const kv_cache_store& store, std::ostream& out) {
+  snapshot_kind kind;
+  if (dynamic_cast<const default_kv_cache_store*>(&store))
+    kind = snapshot_kind::default_store;
+  else if (dynamic_cast<const turboquant_kv_cache_store*>(&store))
+    kind = snapshot_kind::turboquant;
+  else if (dynamic_cast<const int8_kv_cache_store*>(&store))
+    kind = snapshot_kind::int8;
+  else
+    throw std::invalid_argument("ringkv::save: this store type has no snapshot format (the "
+                                "default, TurboQuant and int8 stores have)");
   detail::snapshot_out s(out);
-  if (auto* d = dynamic_cast<const default_kv_cache_store*>(&store)) {
-    detail::write_header(snapshot_kind::default_store, d->config(), d->options(), s);
-    detail::save_default(*d, s);
-  } else {
-    throw std::invalid_argument(
-        "ringkv::save: this store type has no snapshot format (default_kv_cache_store has)");
-  }
+  detail::write_header(kind, store.config(), store.options(), s);
+  detail::save_slots(kind, dynamic_cast<const slotted_kv_cache_store&>(store), s);
   s.finish();
 }
 
@@ -307,7 +313,7 @@ std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink,
                                      std::size_t max_store_bytes) {
   detail::snapshot_in s(in);
   const detail::snapshot_header h = detail::read_header(s);
-  return detail::load_default(h, s, sink, max_store_bytes);
+  return detail::load_slots(h, s, sink, max_store_bytes);
 }
 
 }  // namespace ringkv

@@ -20,6 +20,7 @@
 #include <streambuf>
 #include <string>
 #include <system_error>
+#include <typeinfo>
 #include <vector>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,12 +48,6 @@ std::unique_ptr<ringkv::kv_cache_store> from_bytes(const std::string& bytes,
                                                    trace::sink& sink = trace::null_sink()) {
   std::istringstream in(bytes, std::ios::binary);
   return ringkv::load(in, sink);
-}
-
-const ringkv::default_kv_cache_store& as_default(const ringkv::kv_cache_store& s) {
-  auto* d = dynamic_cast<const ringkv::default_kv_cache_store*>(&s);
-  BOOST_REQUIRE(d != nullptr);
-  return *d;
 }
 
 /// Appends `n` tokens of seeded normal rows to `layer` (another seed per layer and position).
@@ -85,16 +80,66 @@ bool same_window(const ringkv::windowed_kv& a, const ringkv::storage& a_buf,
   return true;
 }
 
-/// Every observable of two default stores agrees bit for bit: geometry, counters, which ranges
-/// are held, every window (runs, slots, bytes) and every read. Returns the windows compared.
-std::size_t check_identical(const ringkv::kv_cache_store& a_, const ringkv::kv_cache_store& b_) {
-  const auto &a = as_default(a_), &b = as_default(b_);
+/// Whether two compressed windows are the same runs with the same codes, norms and signs.
+bool same_compressed(const ringkv::compressed_window& a, const ringkv::compressed_window& b) {
+  const auto &f = a.format(), &g = b.format();
+  if (a.runs().size() != b.runs().size() || f.code_bytes != g.code_bytes || f.qjl != g.qjl ||
+      f.bits != g.bits || f.sign_bytes != g.sign_bytes)
+    return false;
+  for (std::size_t i = 0; i < a.runs().size(); ++i) {
+    const auto &x = a.runs()[i], &y = b.runs()[i];
+    if (a.run_first_position(i) != b.run_first_position(i) || x.positions != y.positions)
+      return false;
+    for (std::size_t h = 0; h < f.heads; ++h) {
+      const std::size_t rx = h * x.head_stride, ry = h * y.head_stride;
+      if (std::memcmp(x.codes + rx * f.code_bytes, y.codes + ry * f.code_bytes,
+                      x.positions * f.code_bytes) != 0 ||
+          std::memcmp(x.scales + rx, y.scales + ry, x.positions * sizeof(float)) != 0)
+        return false;
+      if (f.qjl && (std::memcmp(x.signs + rx * f.sign_bytes, y.signs + ry * f.sign_bytes,
+                                x.positions * f.sign_bytes) != 0 ||
+                    std::memcmp(x.residual_norms + rx, y.residual_norms + ry,
+                                x.positions * sizeof(float)) != 0))
+        return false;
+    }
+  }
+  return true;
+}
+
+/// Whether the stores' own windows of [from, to) agree: zero-copy views (same slots, same bytes)
+/// for default stores, compressed runs (same codes) for the compressed ones.
+bool same_windows(const ringkv::kv_cache_store& a_, const ringkv::kv_cache_store& b_,
+                  std::size_t l, std::size_t from, std::size_t to) {
+  if (auto* a = dynamic_cast<const ringkv::default_kv_cache_store*>(&a_)) {
+    const auto& b = dynamic_cast<const ringkv::default_kv_cache_store&>(b_);
+    return same_window(a->key_window(l, from, to), a->key_storage(l), b.key_window(l, from, to),
+                       b.key_storage(l)) &&
+           same_window(a->value_window(l, from, to), a->value_storage(l),
+                       b.value_window(l, from, to), b.value_storage(l));
+  }
+  const auto& a = dynamic_cast<const ringkv::compressed_kv_cache_store&>(a_);
+  const auto& b = dynamic_cast<const ringkv::compressed_kv_cache_store&>(b_);
+  return same_compressed(a.compressed_key_window(l, from, to), b.compressed_key_window(l, from, to)) &&
+         same_compressed(a.compressed_value_window(l, from, to),
+                         b.compressed_value_window(l, from, to));
+}
+
+/// Every observable of two stores of the same kind agrees bit for bit: geometry, counters, which
+/// ranges are held, every window and every read. Returns the windows compared.
+std::size_t check_identical(const ringkv::kv_cache_store& a, const ringkv::kv_cache_store& b) {
+  BOOST_REQUIRE(typeid(a) == typeid(b));
   const kv_cache_config c = a.config();
   BOOST_REQUIRE(c.layers == b.config().layers && c.kv_heads == b.config().kv_heads &&
                 c.head_dim == b.config().head_dim && c.capacity == b.config().capacity &&
                 c.key_type == b.config().key_type && c.value_type == b.config().value_type);
   BOOST_REQUIRE(a.options().sliding_window == b.options().sliding_window &&
                 a.options().keep == b.options().keep && a.options().slack == b.options().slack);
+  if (auto* t = dynamic_cast<const ringkv::turboquant_kv_cache_store*>(&a)) {
+    const auto x = t->quant_options(),
+               y = dynamic_cast<const ringkv::turboquant_kv_cache_store&>(b).quant_options();
+    BOOST_REQUIRE(x.key_bits == y.key_bits && x.value_bits == y.value_bits && x.qjl == y.qjl &&
+                  x.seed == y.seed);
+  }
   std::size_t windows = 0;
   for (std::size_t l = 0; l < c.layers; ++l) {
     BOOST_REQUIRE_EQUAL(a.length(l), b.length(l));
@@ -103,10 +148,7 @@ std::size_t check_identical(const ringkv::kv_cache_store& a_, const ringkv::kv_c
       for (std::size_t to = from; to <= a.length(l); ++to) {
         BOOST_REQUIRE(a.holds(l, from, to) == b.holds(l, from, to));
         if (!a.holds(l, from, to)) continue;
-        BOOST_REQUIRE(same_window(a.key_window(l, from, to), a.key_storage(l),
-                                  b.key_window(l, from, to), b.key_storage(l)));
-        BOOST_REQUIRE(same_window(a.value_window(l, from, to), a.value_storage(l),
-                                  b.value_window(l, from, to), b.value_storage(l)));
+        BOOST_REQUIRE(same_windows(a, b, l, from, to));
         std::vector<float> x(c.row_floats() * (to - from)), y(x.size());
         a.read_keys(l, from, to, x);
         b.read_keys(l, from, to, y);
@@ -252,29 +294,72 @@ std::string refusal(F&& f, std::uint64_t* offset = nullptr) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(every_store_state_round_trips_windows_reads_and_the_next_100_decode_outputs_bit_for_bit) {
-  std::size_t cases = 0, windows = 0;
-  for (const auto& [kt, vt] : {std::pair{dtype::f32, dtype::f32}, std::pair{dtype::f16, dtype::f16},
-                               std::pair{dtype::bf16, dtype::bf16}, std::pair{dtype::f16, dtype::bf16}})
+/// A store kind of the round trips: how to build one (events to `sink`).
+struct kind {
+  const char* name;
+  std::size_t head_dim;
+  std::function<std::unique_ptr<ringkv::kv_cache_store>(const kv_cache_config&,
+                                                        const store_options&, trace::sink&)>
+      make;
+};
+
+std::vector<kind> kinds() {
+  auto plain = [](dtype k, dtype v) {
+    return [k, v](kv_cache_config c, const store_options& o, trace::sink& sink) {
+      c.key_type = k, c.value_type = v;
+      return std::unique_ptr<ringkv::kv_cache_store>(
+          std::make_unique<ringkv::default_kv_cache_store>(c, o, sink));
+    };
+  };
+  auto turbo = [](ringkv::turboquant_options t) {
+    return [t](const kv_cache_config& c, const store_options& o, trace::sink& sink) {
+      return std::unique_ptr<ringkv::kv_cache_store>(
+          std::make_unique<ringkv::turboquant_kv_cache_store>(c, t, o, sink));
+    };
+  };
+  return {
+      {"default f32", 5, plain(dtype::f32, dtype::f32)},
+      {"default f16", 5, plain(dtype::f16, dtype::f16)},
+      {"default bf16", 5, plain(dtype::bf16, dtype::bf16)},
+      {"default f16 keys, bf16 values", 5, plain(dtype::f16, dtype::bf16)},
+      {"turboquant 3-bit, dense rotation", 5, turbo({.key_bits = 3, .value_bits = 3, .seed = 11})},
+      {"turboquant 4-bit keys with QJL, 2-bit values, Hadamard", 8,
+       turbo({.key_bits = 4, .value_bits = 2, .qjl = true, .seed = 12})},
+      {"int8", 5,
+       [](const kv_cache_config& c, const store_options& o, trace::sink& sink) {
+         return std::unique_ptr<ringkv::kv_cache_store>(
+             std::make_unique<ringkv::int8_kv_cache_store>(c, o, sink));
+       }},
+  };
+}
+
+BOOST_AUTO_TEST_CASE(every_store_kind_and_state_round_trips_windows_reads_and_the_next_100_decode_outputs_bit_for_bit) {
+  std::size_t cases = 0, windows = 0, outputs = 0;
+  for (const kind& k : kinds())
     for (const state& st : states()) {
-      BOOST_TEST_CONTEXT(st.name << ", key type " << int(kt) << ", value type " << int(vt)) {
-        const kv_cache_config c{.layers = 2, .kv_heads = 2, .head_dim = 5, .capacity = st.capacity,
-                                .key_type = kt, .value_type = vt};
-        ringkv::default_kv_cache_store original(c, st.options);
-        st.fill(original);
-        const std::string bytes = to_bytes(original);
-        trace::recorder rec(64);
+      BOOST_TEST_CONTEXT(k.name << ", " << st.name) {
+        const kv_cache_config c{.layers = 2, .kv_heads = 2, .head_dim = k.head_dim,
+                                .capacity = st.capacity};
+        trace::recorder built(64), rec(64);
+        auto original = k.make(c, st.options, built);
+        st.fill(*original);
+        const std::string bytes = to_bytes(*original);
         auto loaded = from_bytes(bytes, rec);
-        BOOST_TEST(rec.emitted() == 2u * c.layers);  // its buffers, allocated once, traced
-        windows += check_identical(original, *loaded);
-        BOOST_TEST((decode_next(original, 100) == decode_next(*loaded, 100)));
-        check_identical(original, *loaded);  // and they stay identical after those 100 tokens
-        BOOST_TEST(to_bytes(*loaded) == to_bytes(original));
+        // The loaded store's buffers, allocated once each and traced, as a new store's are.
+        BOOST_TEST(rec.emitted() == built.emitted());
+        windows += check_identical(*original, *loaded);
+        const std::vector<float> next = decode_next(*original, 100), again = decode_next(*loaded, 100);
+        BOOST_TEST((next.size() == again.size() &&
+                    std::memcmp(next.data(), again.data(), next.size() * sizeof(float)) == 0));
+        outputs += next.size();
+        check_identical(*original, *loaded);  // and they stay identical after those 100 tokens
+        BOOST_TEST(to_bytes(*loaded) == to_bytes(*original));
         ++cases;
       }
     }
-  BOOST_TEST_MESSAGE(cases << " round trips, " << windows << " held windows compared");
-  BOOST_TEST(cases == 28u);
+  BOOST_TEST_MESSAGE(cases << " round trips, " << windows << " held windows compared, "
+                           << outputs << " decode output floats compared");
+  BOOST_TEST(cases == 7u * 7u);
 }
 
 BOOST_AUTO_TEST_CASE(only_held_rows_are_written_so_a_wrapped_ring_costs_its_capacity_not_its_history) {
@@ -416,8 +501,9 @@ BOOST_AUTO_TEST_CASE(saving_a_store_type_without_a_format_is_refused) {
   BOOST_TEST(out.str().empty());
 }
 
-BOOST_AUTO_TEST_CASE(every_flipped_byte_and_every_truncation_of_a_small_snapshot_is_refused) {
-  const ringkv::default_kv_cache_store original = small_store();
+/// Flips bits of each byte of `original`'s snapshot in turn (masks 0x01, 0x80, 0xff) and
+/// truncates it at each length; every variant must be refused, or load to an identical store.
+void sweep(const char* name, const ringkv::kv_cache_store& original) {
   const std::string good = to_bytes(original);
   std::map<std::string, std::size_t> reasons;
   std::size_t variants = 0, identical = 0, bad_offsets = 0;
@@ -448,7 +534,7 @@ BOOST_AUTO_TEST_CASE(every_flipped_byte_and_every_truncation_of_a_small_snapshot
   for (std::size_t n = 0; n < good.size(); ++n) classify(good.substr(0, n));
   std::ostringstream counts;
   for (const auto& [why, n] : reasons) counts << ", " << why << " " << n;
-  BOOST_TEST_MESSAGE("snapshot of " << good.size() << " bytes: " << flips << " flipped and "
+  BOOST_TEST_MESSAGE(name << " snapshot of " << good.size() << " bytes: " << flips << " flipped and "
                                     << good.size() << " truncated variants; loaded identical "
                                     << identical << counts.str());
   BOOST_TEST(identical == 0u);  // the format has no padding: every byte counts
@@ -456,6 +542,38 @@ BOOST_AUTO_TEST_CASE(every_flipped_byte_and_every_truncation_of_a_small_snapshot
   BOOST_TEST(reasons["truncated"] >= good.size());
   BOOST_TEST(reasons["checksum mismatch"] > 0u);
   BOOST_TEST(variants == 4 * good.size());
+}
+
+BOOST_AUTO_TEST_CASE(every_flipped_byte_and_every_truncation_of_a_small_snapshot_is_refused) {
+  sweep("default store (f16 keys, f32 values, wrapped ring, keep 1)", small_store());
+  ringkv::turboquant_kv_cache_store t({.layers = 1, .kv_heads = 1, .head_dim = 4, .capacity = 3},
+                                      {.key_bits = 3, .value_bits = 2, .qjl = true},
+                                      {.sliding_window = true});
+  append_random(t, 0, 7, 3);
+  sweep("TurboQuant (3-bit keys with QJL, 2-bit values, wrapped ring)", t);
+  ringkv::int8_kv_cache_store i({.layers = 1, .kv_heads = 1, .head_dim = 3, .capacity = 2});
+  append_random(i, 0, 2, 4);
+  sweep("int8 (dense, full)", i);
+}
+
+BOOST_AUTO_TEST_CASE(turboquant_parameters_out_of_range_are_refused_at_their_offset) {
+  ringkv::turboquant_kv_cache_store t({.layers = 1, .kv_heads = 1, .head_dim = 4, .capacity = 3});
+  const std::string good = to_bytes(t);
+  struct damage {
+    std::size_t at;
+    char value;
+    const char* words;
+  };
+  for (const damage& d : {damage{68, 5, "turboquant key_bits 5 not in 2..4"},
+                          damage{72, 1, "turboquant value_bits 1 not in 2..4"},
+                          damage{76, 2, "turboquant qjl byte 2"}}) {
+    std::string bytes = good;
+    bytes[d.at] = d.value;
+    std::uint64_t at = 0;
+    const std::string why = refusal([&] { from_bytes(bytes); }, &at);
+    BOOST_TEST(why.find(d.words) != std::string::npos, why);
+    BOOST_TEST(at == d.at);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(nan_and_inf_in_keys_values_and_queries_are_refused_with_nothing_changed) {

@@ -1,6 +1,6 @@
 // Writes the load target's seed snapshots (tests/fuzz/seeds/snapshot_load/) into the folder
-// given: small stores of each shape the format has (dense, ring, wrapped, keep, slack after a
-// truncate, f16/bf16). Run by hand when the format changes: scripts/fuzz --seeds.
+// given: small stores of each kind and shape the format has (dense, ring, wrapped, keep, slack
+// after a truncate, f16/bf16, TurboQuant with and without QJL, int8). Run by hand when the format changes: scripts/fuzz --seeds.
 #include <cstddef>
 #include <cstdio>
 #include <filesystem>
@@ -44,5 +44,17 @@ int main(int argc, char** argv) {
     if (s.options.slack > 0) store.truncate(0, store.length(0) - 2);
     ringkv::save(store, dir / s.name);
   }
+  ringkv::turboquant_kv_cache_store turbo({1, 2, 4, 3}, {.key_bits = 3, .qjl = true},
+                                          {.sliding_window = true});
+  ringkv::int8_kv_cache_store int8({2, 1, 3, 4}, {.sliding_window = true, .keep = 1});
+  std::vector<float> k(8), v(8);
+  for (std::size_t t = 0; t < 7; ++t) {
+    for (std::size_t i = 0; i < 8; ++i) k[i] = float(t + i) - 3.5f, v[i] = float(i) - float(t);
+    turbo.append(0, k, v);
+    for (std::size_t l = 0; l < 2; ++l)
+      int8.append(l, std::span<const float>(k).first(3), std::span<const float>(v).first(3));
+  }
+  ringkv::save(turbo, dir / "turboquant-qjl-wrapped");
+  ringkv::save(int8, dir / "int8-keep-wrapped");
   return 0;
 }

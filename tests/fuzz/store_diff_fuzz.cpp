@@ -1,8 +1,9 @@
-// Differential: a byte string decoded into a store shape and a sequence of append, window,
-// read, truncate, clear and save→load operations, run on a ringkv store and on the deque-of-rows
+// Differential: a byte string decoded into a store (default f32/f16/bf16, TurboQuant with its
+// bit widths, QJL and seed, or int8), its shape, and a sequence of append, window,
+// read, truncate, clear and save→load operations, run on that store and on the deque-of-rows
 // reference (tests/support/deque_store.hpp); positions, refusals and contents must agree after
-// every operation. Lossy element types (f16, bf16) keep in the reference the row the store reads
-// back right after appending, so a row in the wrong slot still shows. The number of operations
+// every operation. For lossy stores (f16, bf16, TurboQuant, int8) the reference keeps the row
+// the store reads back right after appending, so a row in the wrong slot still shows. The number of operations
 // run is printed at exit ("store_diff: N operations").
 #include <algorithm>
 #include <cstddef>
@@ -37,10 +38,13 @@ void report() { std::fprintf(stderr, "store_diff: %zu operations\n", operations)
 class differential {
  public:
   differential(FuzzedDataProvider& in, const ringkv::kv_cache_config& c,
-               const ringkv::store_options& o)
-      : in_(in), c_(c), store_(std::make_unique<ringkv::default_kv_cache_store>(c, o)),
-        model_(c, o, ringkv::trace::null_sink()), key_(c.row_floats()), value_(c.row_floats()),
-        arena_(4096) {}
+               const ringkv::store_options& o, std::unique_ptr<ringkv::kv_cache_store> store)
+      : in_(in), c_(c), store_(std::move(store)), model_(c, o, ringkv::trace::null_sink()),
+        key_(c.row_floats()), value_(c.row_floats()), arena_(4096),
+        lossy_(dynamic_cast<ringkv::default_kv_cache_store*>(store_.get()) == nullptr ||
+               c.key_type != ringkv::dtype::f32 || c.value_type != ringkv::dtype::f32),
+        half_views_(!dynamic_cast<ringkv::compressed_kv_cache_store*>(store_.get()) &&
+                    lossy_) {}
 
   void run() {
     while (in_.remaining_bytes() > 0 && steps_ < 512) {
@@ -92,9 +96,7 @@ class differential {
     const std::size_t n = in_.ConsumeIntegralInRange<std::size_t>(1, 3 * c_.capacity + 1);
     for (std::size_t i = 0; i < n; ++i) append(l);
   }
-  bool lossy() const {
-    return c_.key_type != ringkv::dtype::f32 || c_.value_type != ringkv::dtype::f32;
-  }
+  bool lossy() const { return lossy_; }
   std::pair<std::size_t, std::size_t> range(std::size_t l) {
     const std::size_t n = model_.length(l);
     const std::size_t lo = n > c_.capacity + 2 ? n - c_.capacity - 2 : 0;
@@ -115,7 +117,7 @@ class differential {
     if (ra != 0) return;
     fuzz::require(a->runs().size() <= 3, "a window has more than three runs");
     fuzz::require(store_test::positions_of(*a) == store_test::positions_of(*b), "window positions");
-    if (lossy()) return;  // f16/bf16 views: their contents are compared through read
+    if (half_views_) return;  // f16/bf16 views: their contents are compared through read
     const auto side = keys ? ringkv::kv_side::keys : ringkv::kv_side::values;
     for (std::size_t i = 0; i < a->runs().size(); ++i)
       for (std::size_t h = 0; h < c_.kv_heads; ++h)
@@ -178,8 +180,32 @@ class differential {
   store_test::deque_store model_;
   std::vector<float> key_, value_;
   ringkv::scope arena_;
+  bool lossy_;       // the store does not hold the rows exactly as given
+  bool half_views_;  // its windows are f16/bf16 views (not comparable as f32 rows)
   std::size_t steps_ = 0;
 };
+
+std::unique_ptr<ringkv::kv_cache_store> make_store(FuzzedDataProvider& in,
+                                                   ringkv::kv_cache_config& c,
+                                                   const ringkv::store_options& o) {
+  switch (in.ConsumeIntegralInRange(0, 3)) {
+    case 0:
+    case 1:
+      c.key_type = ringkv::dtype(in.ConsumeIntegralInRange(0, 2));
+      c.value_type = ringkv::dtype(in.ConsumeIntegralInRange(0, 2));
+      return std::make_unique<ringkv::default_kv_cache_store>(c, o);
+    case 2: {
+      ringkv::turboquant_options t;
+      t.key_bits = in.ConsumeIntegralInRange(2u, 4u);
+      t.value_bits = in.ConsumeIntegralInRange(2u, 4u);
+      t.qjl = in.ConsumeBool();
+      t.seed = in.ConsumeIntegral<std::uint64_t>();
+      return std::make_unique<ringkv::turboquant_kv_cache_store>(c, t, o);
+    }
+    default:
+      return std::make_unique<ringkv::int8_kv_cache_store>(c, o);
+  }
+}
 
 }  // namespace
 
@@ -195,14 +221,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   c.kv_heads = in.ConsumeIntegralInRange<std::size_t>(1, 2);
   c.head_dim = in.ConsumeIntegralInRange<std::size_t>(1, 4);
   c.capacity = in.ConsumeIntegralInRange<std::size_t>(1, 9);
-  c.key_type = ringkv::dtype(in.ConsumeIntegralInRange(0, 2));
-  c.value_type = ringkv::dtype(in.ConsumeIntegralInRange(0, 2));
   ringkv::store_options o;
   o.sliding_window = in.ConsumeBool();
   if (o.sliding_window) {
     o.keep = in.ConsumeIntegralInRange<std::size_t>(0, c.capacity - 1);
     o.slack = in.ConsumeIntegralInRange<std::size_t>(0, c.capacity - 1 - o.keep);
   }
-  differential(in, c, o).run();
+  auto store = make_store(in, c, o);
+  differential(in, c, o, std::move(store)).run();
   return 0;
 }
