@@ -20,6 +20,12 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 }
 }  // namespace
 
+bool all_finite(std::span<const float> values) noexcept {
+  for (float v : values)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
 void require_finite(std::string_view who, std::string_view what, std::span<const float> values) {
   for (std::size_t i = 0; i < values.size(); ++i)
     if (!std::isfinite(values[i]))
