@@ -15,4 +15,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ringkvConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ringkvConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ringkvConfig.cmake ${PROJECT_BINARY_DIR}/ringkvConfigVersion.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/ringkv_xxhash.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ringkv)

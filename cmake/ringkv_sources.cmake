@@ -10,6 +10,7 @@ set(RINGKV_MODULES
   modules/attention.cppm
   modules/decode.cppm
   modules/quant.cppm
+  modules/snapshot.cppm
 )
 set(RINGKV_SOURCES
   src/trace.cpp
@@ -30,6 +31,9 @@ set(RINGKV_SOURCES
   src/quant_store.cpp
   src/quant_turbo.cpp
   src/quant_int8.cpp
+  src/snapshot.cpp
+  src/snapshot_slots.cpp
+  src/snapshot_file.cpp
 )
 # The quantizers' inner loops (rotations, codebook search, QJL projections) are optimised in
 # every configuration: at -O0 the tests' 10^4-vector distortion checks would dominate the suite.

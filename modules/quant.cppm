@@ -220,6 +220,8 @@ class turboquant_kv_cache_store final : public compressed_kv_cache_store {
                               const slot_runs& slots) const override;
 
  private:
+  friend struct detail::snapshot_access<turboquant_kv_cache_store>;  // ringkv.snapshot's load
+
   struct side_buffers {
     storage codes, scales, signs, residual_norms;
   };
@@ -259,6 +261,8 @@ class int8_kv_cache_store final : public compressed_kv_cache_store {
                               const slot_runs& slots) const override;
 
  private:
+  friend struct detail::snapshot_access<int8_kv_cache_store>;  // ringkv.snapshot's load
+
   struct side_buffers {
     storage codes, scales;
   };

@@ -9,3 +9,4 @@ export import ringkv.kernels;
 export import ringkv.attention;
 export import ringkv.decode;
 export import ringkv.quant;
+export import ringkv.snapshot;

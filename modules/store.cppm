@@ -14,6 +14,14 @@ export import ringkv.window;
 
 export namespace ringkv {
 
+namespace detail {
+/// Restricted: defined only by ringkv's snapshot code (src/snapshot_*.cpp), one specialization
+/// per store kind, so `load` can restore a store's slots and counters as they were saved. Stores
+/// befriend it; importers see no definition and have no use for it.
+template <class Store>
+struct snapshot_access;
+}  // namespace detail
+
 /// Shape of a KV cache. Every size must be > 0 (validate()).
 struct kv_cache_config {
   std::size_t layers = 0;
@@ -218,6 +226,8 @@ class slotted_kv_cache_store : public kv_cache_store {
   const char* name() const noexcept { return name_; }
 
  private:
+  friend struct detail::snapshot_access<slotted_kv_cache_store>;
+
   struct counters {
     std::size_t length = 0;
     std::size_t window_start = 0;
@@ -271,6 +281,8 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
   const storage& value_storage(std::size_t layer) const;
 
  private:
+  friend struct detail::snapshot_access<default_kv_cache_store>;
+
   struct layer_buffers {
     storage keys;
     storage values;

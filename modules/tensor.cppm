@@ -18,6 +18,13 @@ enum class dtype : std::uint8_t { f32, f16, bf16 };
 
 /// Bytes per element of `t`; O(1).
 constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
+
+/// Throws std::invalid_argument ("ringkv::<who>: <what> has a non-finite element (nan) at
+/// index i") at the first NaN or ±Inf of `values`; O(n). Keys, values and queries are refused
+/// this way: the kernels' exponentials would otherwise turn a NaN score into a silent weight.
+void require_finite(std::string_view who, std::string_view what, std::span<const float> values);
+/// Whether every element of `values` is finite (no NaN, no ±Inf); O(n), no allocation.
+bool all_finite(std::span<const float> values) noexcept;
 /// The dtype's name ("f32", "f16", "bf16"); O(1).
 constexpr std::string_view name_of(dtype t) noexcept {
   return t == dtype::f32 ? "f32" : t == dtype::f16 ? "f16" : "bf16";

@@ -27,6 +27,7 @@ void windowed_attention::decode_step(std::span<const float> query, const windowe
                                      std::span<const float> sinks) const {
   kernels::check_decode("ringkv::windowed_attention::decode_step", query, keys, values, out, scale,
                         sinks);
+  require_finite("windowed_attention::decode_step", "query", query);
   const std::size_t read = window_bytes(keys) + window_bytes(values) + query.size_bytes() +
                            sinks.size_bytes();
   detail::traced(*sink_, "attention.decode_step", read, out.size_bytes(),
@@ -39,6 +40,7 @@ void windowed_attention::decode_step_gathered(std::span<const float> query,
                                               std::span<const float> sinks) const {
   kernels::check_decode("ringkv::windowed_attention::decode_step_gathered", query, keys, values,
                         out, scale, sinks);
+  require_finite("windowed_attention::decode_step_gathered", "query", query);
   const std::size_t copied = window_bytes(keys) + window_bytes(values);
   // The copy is read once to gather and once by the kernel.
   detail::traced(*sink_, "attention.decode_step_gathered", 2 * copied + query.size_bytes() +

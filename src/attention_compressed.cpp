@@ -93,6 +93,7 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
   check_windows(keys, values);
   const float resolved =
       kernels::check_step(caller, query, keys.heads(), keys.head_dim(), out, scale, sinks);
+  require_finite("compressed_kv_attention::decode_step", "query", query);
   simd::compressed_problem p;
   p.query = query.data();
   p.keys = code_window_of(keys);

@@ -39,6 +39,10 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
   if (q == 0 || q % kv != 0)
     refuse("token q has " + std::to_string(q) +
            " floats, expected a non-zero multiple of kv_heads * head_dim = " + std::to_string(kv));
+  // Before anything is appended, so a refused token leaves the store as it was.
+  require_finite("decode", "token q", t.q);
+  require_finite("decode", "token k", t.k);
+  require_finite("decode", "token v", t.v);
   if (!o.sinks.empty() && o.sinks.size() != q / c.head_dim)
     refuse("sinks has " + std::to_string(o.sinks.size()) + " logits, expected one per query head (" +
            std::to_string(q / c.head_dim) + ")");

@@ -86,6 +86,11 @@ std::size_t slotted_kv_cache_store::prepare_append(std::size_t layer, std::span<
       throw std::invalid_argument(std::string("ringkv::") + name_ + "::append: " + what + " has " +
                                   str(span.size()) + " floats, expected kv_heads * head_dim = " +
                                   str(row));
+  if (!all_finite(key) || !all_finite(value)) {  // README "NaN and Inf": refused, not stored
+    const std::string who = std::string(name_) + "::append";  // only now: append allocates nothing
+    require_finite(who, "key", key);
+    require_finite(who, "value", value);
+  }
   const std::size_t p = layers_[layer].length;
   if (!options_.sliding_window && p == config_.capacity)
     throw cache_full(std::string("ringkv::") + name_ + "::append: layer " + str(layer) +

@@ -1,6 +1,8 @@
 module;
 #include <cstddef>
 #include <algorithm>
+#include <cmath>
+#include <string_view>
 #include <cstring>
 #include <new>
 #include <span>
@@ -17,6 +19,20 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
   throw std::invalid_argument("ringkv::" + what);
 }
 }  // namespace
+
+bool all_finite(std::span<const float> values) noexcept {
+  for (float v : values)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+void require_finite(std::string_view who, std::string_view what, std::span<const float> values) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      refuse(std::string(who) + ": " + std::string(what) + " has a non-finite element (" +
+             std::to_string(values[i]) + ") at index " + std::to_string(i) +
+             "; NaN and Inf are refused");
+}
 
 storage::storage(std::size_t bytes, std::string_view site, trace::sink& sink)
     : site_(site), sink_(&sink) {

@@ -1,0 +1,249 @@
+// The snapshot section of every slot store. A store's rows live in *planes*, buffers laid out
+// [kv_heads][capacity] rows of a fixed byte size: the default store has keys and values (raw
+// f32/f16/bf16 elements: nothing is rounded twice); TurboQuant has key codes, key norms, (with
+// QJL) key sign bits and residual norms, value codes and value norms; int8 has key codes, key
+// scales, value codes, value scales. The section is the kind's parameters, per layer (length,
+// window_start), then per layer, per plane, per head the held rows in position order. Rotations
+// and QJL projections are not saved: the store rebuilds them from the saved seed. Loading puts
+// every position back in the slot slot_of gives it, so a wrapped ring keeps its layout.
+module;
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+module ringkv.snapshot;
+
+namespace ringkv::detail {
+
+/// The restricted access load needs (stores befriend these): counters and planes.
+template <>
+struct snapshot_access<slotted_kv_cache_store> {
+  static void set(slotted_kv_cache_store& s, std::size_t layer, layer_counters c) {
+    s.layers_[layer].length = c.length;
+    s.layers_[layer].window_start = c.window_start;
+  }
+};
+template <>
+struct snapshot_access<default_kv_cache_store> {
+  static std::vector<storage*> planes(default_kv_cache_store& s, std::size_t l) {
+    return {&s.layers_[l].keys, &s.layers_[l].values};
+  }
+};
+template <>
+struct snapshot_access<turboquant_kv_cache_store> {
+  static std::vector<storage*> planes(turboquant_kv_cache_store& s, std::size_t l) {
+    auto& x = s.layers_[l];
+    if (!s.quant_.qjl) return {&x.keys.codes, &x.keys.scales, &x.values.codes, &x.values.scales};
+    return {&x.keys.codes, &x.keys.scales, &x.keys.signs, &x.keys.residual_norms,
+            &x.values.codes, &x.values.scales};
+  }
+};
+template <>
+struct snapshot_access<int8_kv_cache_store> {
+  static std::vector<storage*> planes(int8_kv_cache_store& s, std::size_t l) {
+    auto& x = s.layers_[l];
+    return {&x.keys.codes, &x.keys.scales, &x.values.codes, &x.values.scales};
+  }
+};
+
+namespace {
+
+/// One plane's row: bytes, and the element size its bytes are swapped by (1: a byte stream).
+struct plane_spec {
+  std::size_t row_bytes;
+  std::size_t element;
+};
+
+std::size_t bits_bytes(std::size_t d, unsigned bits) { return (d * bits + 7) / 8; }
+
+// The planes of a kind, in the order planes() gives their buffers.
+std::vector<plane_spec> layout(snapshot_kind kind, const kv_cache_config& c,
+                               const turboquant_options& t) {
+  const std::size_t d = c.head_dim, f = sizeof(float);
+  switch (kind) {
+    case snapshot_kind::default_store:
+      return {{d * size_of(c.key_type), size_of(c.key_type)},
+              {d * size_of(c.value_type), size_of(c.value_type)}};
+    case snapshot_kind::turboquant:
+      if (!t.qjl) return {{bits_bytes(d, t.key_bits), 1}, {f, f}, {bits_bytes(d, t.value_bits), 1}, {f, f}};
+      return {{bits_bytes(d, t.key_bits - 1), 1}, {f, f}, {bits_bytes(d, 1), 1}, {f, f},
+              {bits_bytes(d, t.value_bits), 1}, {f, f}};
+    case snapshot_kind::int8:
+      return {{d, 1}, {f, f}, {d, 1}, {f, f}};
+  }
+  return {};
+}
+
+std::vector<storage*> planes_of(snapshot_kind kind, kv_cache_store& s, std::size_t l) {
+  switch (kind) {
+    case snapshot_kind::default_store:
+      return snapshot_access<default_kv_cache_store>::planes(
+          dynamic_cast<default_kv_cache_store&>(s), l);
+    case snapshot_kind::turboquant:
+      return snapshot_access<turboquant_kv_cache_store>::planes(
+          dynamic_cast<turboquant_kv_cache_store&>(s), l);
+    case snapshot_kind::int8:
+      return snapshot_access<int8_kv_cache_store>::planes(dynamic_cast<int8_kv_cache_store&>(s), l);
+  }
+  return {};
+}
+
+struct slot_span {
+  std::size_t slot = 0, count = 0;
+};
+
+// The slot runs of the held positions of `layer` (sinks, ring head, ring tail), in position order.
+std::vector<slot_span> held_runs(const slotted_kv_cache_store& s, std::size_t layer) {
+  const std::size_t n = s.length(layer), start = s.window_start(layer), keep = s.options().keep;
+  std::vector<slot_span> out;
+  auto range = [&](std::size_t from, std::size_t to) {
+    while (from < to) {  // at most twice: to the ring's end, then from its start
+      const std::size_t slot = s.slot_of(from);
+      const std::size_t count = std::min(to - from, s.config().capacity - slot);
+      out.push_back({slot, count});
+      from += count;
+    }
+  };
+  if (start == 0) {
+    range(0, n);
+  } else {
+    range(0, keep);
+    range(start, n);
+  }
+  return out;
+}
+
+// Bytes the store's buffers take (an upper bound for TurboQuant's rotations), or 0 on overflow.
+std::size_t store_bytes(snapshot_kind kind, const kv_cache_config& c, const turboquant_options& t) {
+  std::size_t row = 0, rows = 0, per_layer = 0, total = 0;
+  for (const plane_spec& p : layout(kind, c, t)) row += p.row_bytes;
+  if (__builtin_mul_overflow(c.kv_heads, c.capacity, &rows) ||
+      __builtin_mul_overflow(rows, row, &per_layer))
+    return 0;
+  if (kind == snapshot_kind::turboquant) {
+    std::size_t square = 0, extra = 0;  // rotations (a d x d matrix at most) and projections
+    if (__builtin_mul_overflow(c.head_dim, c.head_dim, &square) ||
+        __builtin_mul_overflow(square, c.kv_heads * sizeof(float) * (t.qjl ? 2 : 1), &extra) ||
+        __builtin_add_overflow(per_layer, extra, &per_layer))
+      return 0;
+  }
+  if (__builtin_mul_overflow(per_layer, c.layers, &total)) return 0;
+  return total;
+}
+
+turboquant_options read_turboquant(snapshot_in& in) {
+  turboquant_options t;
+  for (auto [field, name] : {std::pair{&t.key_bits, "key_bits"}, std::pair{&t.value_bits, "value_bits"}}) {
+    const std::uint64_t at = in.offset();
+    const std::uint32_t bits = in.u32();
+    if (bits < 2 || bits > 4)
+      in.fail(std::string("config out of range: turboquant ") + name + " " + std::to_string(bits) +
+                  " not in 2..4",
+              at);
+    *field = bits;
+  }
+  const std::uint64_t at = in.offset();
+  const std::uint8_t qjl = in.u8();
+  if (qjl > 1) in.fail("config out of range: turboquant qjl byte " + std::to_string(qjl) + " not 0 or 1", at);
+  t.qjl = qjl == 1;
+  t.seed = in.u64();
+  return t;
+}
+
+std::unique_ptr<kv_cache_store> make_store(snapshot_kind kind, const snapshot_header& h,
+                                           const turboquant_options& t, trace::sink& sink) {
+  switch (kind) {
+    case snapshot_kind::default_store:
+      return std::make_unique<default_kv_cache_store>(h.config, h.options, sink);
+    case snapshot_kind::turboquant:
+      return std::make_unique<turboquant_kv_cache_store>(h.config, t, h.options, sink);
+    case snapshot_kind::int8:
+      return std::make_unique<int8_kv_cache_store>(h.config, h.options, sink);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void save_slots(snapshot_kind kind, const slotted_kv_cache_store& s, snapshot_out& out) {
+  const kv_cache_config c = s.config();
+  turboquant_options t;
+  if (kind == snapshot_kind::turboquant) {
+    t = dynamic_cast<const turboquant_kv_cache_store&>(s).quant_options();
+    out.u32(t.key_bits);
+    out.u32(t.value_bits);
+    out.u8(t.qjl ? 1 : 0);
+    out.u64(t.seed);
+  }
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    out.u64(s.length(l));
+    out.u64(s.window_start(l));
+  }
+  const std::vector<plane_spec> specs = layout(kind, c, t);
+  auto& writable = const_cast<slotted_kv_cache_store&>(s);  // planes_of only hands out buffers to read
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    const std::vector<storage*> planes = planes_of(kind, writable, l);
+    const std::vector<slot_span> runs = held_runs(s, l);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      for (std::size_t h = 0; h < c.kv_heads; ++h)
+        for (const slot_span& r : runs)
+          out.elements(planes[i]->data() + (h * c.capacity + r.slot) * specs[i].row_bytes,
+                       r.count * specs[i].row_bytes / specs[i].element, specs[i].element);
+  }
+}
+
+std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in& in,
+                                           trace::sink& sink, std::size_t max_store_bytes) {
+  const kv_cache_config& c = h.config;
+  const turboquant_options t =
+      h.kind == snapshot_kind::turboquant ? read_turboquant(in) : turboquant_options{};
+  std::vector<layer_counters> counters(c.layers);
+  for (layer_counters& lc : counters) lc = read_counters(h, in);
+  const std::size_t bytes = store_bytes(h.kind, c, t);
+  if (bytes == 0 || bytes > max_store_bytes)
+    in.fail("config out of range: the store would take " +
+                (bytes == 0 ? std::string("more than 2^64") : std::to_string(bytes)) +
+                " bytes (limit " + std::to_string(max_store_bytes) + ")",
+            16);
+  const std::vector<plane_spec> specs = layout(h.kind, c, t);
+  std::size_t row_bytes = 0;
+  for (const plane_spec& p : specs) row_bytes += p.row_bytes;
+  // Held rows <= capacity per layer and bytes did not overflow: this sum cannot either.
+  std::size_t data_bytes = 0;
+  for (const layer_counters& lc : counters) {
+    const std::size_t held = lc.window_start == 0 ? lc.length
+                                                  : h.options.keep + lc.length - lc.window_start;
+    data_bytes += held * c.kv_heads * row_bytes;
+  }
+  const std::vector<std::byte> data = in.block(data_bytes);
+  in.finish();  // checked before the store is allocated: nothing is built from a corrupt file
+
+  std::unique_ptr<kv_cache_store> store = make_store(h.kind, h, t, sink);
+  auto& slots = dynamic_cast<slotted_kv_cache_store&>(*store);
+  for (std::size_t l = 0; l < c.layers; ++l)
+    snapshot_access<slotted_kv_cache_store>::set(slots, l, counters[l]);
+  const std::byte* next = data.data();
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    const std::vector<storage*> planes = planes_of(h.kind, *store, l);
+    const std::vector<slot_span> runs = held_runs(slots, l);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (planes[i]->bytes() != c.kv_heads * c.capacity * specs[i].row_bytes)
+        throw std::logic_error("ringkv::load: snapshot plane layout disagrees with the store's");
+      for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
+        for (const slot_span& r : runs) {
+          const std::size_t n = r.count * specs[i].row_bytes;
+          copy_elements(planes[i]->data() + (hd * c.capacity + r.slot) * specs[i].row_bytes, next,
+                        n / specs[i].element, specs[i].element);
+          next += n;
+        }
+    }
+  }
+  return store;
+}
+
+}  // namespace ringkv::detail
