@@ -63,6 +63,12 @@ void append_random(ringkv::kv_cache_store& s, std::size_t layer, std::size_t n, 
   }
 }
 
+/// Bit-identical float arrays (an empty vector has no data to memcmp).
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 /// Whether two windows are the same runs at the same slots with the same bytes.
 bool same_window(const ringkv::windowed_kv& a, const ringkv::storage& a_buf,
                  const ringkv::windowed_kv& b, const ringkv::storage& b_buf) {
@@ -152,10 +158,10 @@ std::size_t check_identical(const ringkv::kv_cache_store& a, const ringkv::kv_ca
         std::vector<float> x(c.row_floats() * (to - from)), y(x.size());
         a.read_keys(l, from, to, x);
         b.read_keys(l, from, to, y);
-        BOOST_REQUIRE(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+        BOOST_REQUIRE(same_floats(x, y));
         a.read_values(l, from, to, x);
         b.read_values(l, from, to, y);
-        BOOST_REQUIRE(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+        BOOST_REQUIRE(same_floats(x, y));
         ++windows;
       }
   }
@@ -349,8 +355,7 @@ BOOST_AUTO_TEST_CASE(every_store_kind_and_state_round_trips_windows_reads_and_th
         BOOST_TEST(rec.emitted() == built.emitted());
         windows += check_identical(*original, *loaded);
         const std::vector<float> next = decode_next(*original, 100), again = decode_next(*loaded, 100);
-        BOOST_TEST((next.size() == again.size() &&
-                    std::memcmp(next.data(), again.data(), next.size() * sizeof(float)) == 0));
+        BOOST_TEST(same_floats(next, again));
         outputs += next.size();
         check_identical(*original, *loaded);  // and they stay identical after those 100 tokens
         BOOST_TEST(to_bytes(*loaded) == to_bytes(*original));
