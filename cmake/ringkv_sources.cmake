@@ -22,6 +22,7 @@ set(RINGKV_SOURCES
   src/simd.cpp
   src/kernels.cpp
   src/attention.cpp
+  src/attention_prefill.cpp
   src/attention_compressed.cpp
   src/quant_simd.cpp
   src/decode.cpp

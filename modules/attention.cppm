@@ -20,7 +20,17 @@ struct attention_options {
   trace::sink* sink = nullptr;
 };
 
-/// Decode (and later prefill) attention over windows. Stateless apart from its options, so one
+/// Options of windowed_attention::prefill.
+struct prefill_options {
+  std::size_t window = 0;             // keys a query sees, counting itself and the sinks;
+                                      // 0: the store's attention_window() (capacity - slack)
+  float scale = 0.0f;                 // 0: 1 / sqrt(head_dim)
+  std::span<const float> sinks = {};  // learned sink logit per query head, or empty
+  scope* arena = nullptr;  // scratch for an f16/bf16 store's rounded chunk rows (and a copying
+                           // store's windows, resetting it); null: a local one per call
+};
+
+/// Decode and prefill attention over windows. Stateless apart from its options, so one
 /// object may serve any number of threads at once.
 class windowed_attention {
  public:
@@ -39,6 +49,22 @@ class windowed_attention {
   void decode_step(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
                    std::span<float> out, float scale = 0.0f,
                    std::span<const float> sinks = {}) const;
+
+  /// A chunk of C tokens of one layer: queries [C, q_heads * head_dim], keys and values
+  /// [C, kv_heads * head_dim], out like queries. Token i sits at position p = length(layer) + i
+  /// and sees the window p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S
+  /// newest), never a position below 0 or above p: the part still in the store as its zero-copy
+  /// runs, then chunk rows — nothing is reordered or copied for f32 (an f16/bf16 store's chunk
+  /// rows are rounded once into the arena, as append would store them). Every output is computed
+  /// before the chunk is appended, so a ring of capacity W takes a chunk of any length. The result
+  /// is bit for bit that of C calls of append + decode_step, however a prompt is cut into chunks.
+  /// A store other than default_kv_cache_store gets exactly that token-by-token loop. Checks
+  /// everything first (std::invalid_argument / std::out_of_range naming the argument, cache_full
+  /// for a dense store without room) with `out` and the store untouched.
+  /// O(C · W · q_heads · head_dim); no allocation on an f32 store (or with an arena that fits).
+  void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
+               std::span<const float> keys, std::span<const float> values, std::span<float> out,
+               const prefill_options& options = {}) const;
 
   /// As decode_step, after copying K and V into one contiguous run each in `arena` (two
   /// adapter_inserted events, "keys" and "values", priced in bytes); same bits as decode_step.
@@ -81,6 +107,19 @@ class compressed_kv_attention {
 };
 
 }  // namespace ringkv
+
+export namespace ringkv::detail {
+
+/// The effective window of a decode or prefill on `store` (`requested` 0: capacity - slack):
+/// throws std::invalid_argument naming `caller` when it exceeds capacity - slack or does not
+/// exceed keep; O(1).
+std::size_t resolve_window(const kv_cache_store& store, std::size_t requested,
+                           std::string_view caller);
+/// First position of the rolling part of the window of the token at p (window W, keep S pinned
+/// sinks: the token sees 0 … S-1 and p-(W-S)+1 … p once p + 1 > W; before, 0 … p); O(1).
+std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;
+
+}  // namespace ringkv::detail
 
 namespace ringkv::detail {
 

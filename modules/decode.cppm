@@ -32,9 +32,6 @@ namespace detail {
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o);
 /// Checks one token against the store's geometry before anything is appended.
 void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o);
-/// First position of the window of the token at position p (window W, keep S pinned sinks;
-/// the store adds the pinned run itself when from > 0).
-std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;
 /// Appends one token and attends it; `out` is the output row. No allocation on the default store.
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
                 const decode_options& o, std::size_t window, const windowed_attention& attention,

@@ -22,7 +22,8 @@ struct kv_run {
 /// strictly increase from run to run (a gap is allowed only after pinned sink positions).
 class windowed_kv {
  public:
-  static constexpr std::size_t max_runs = 3;  // pinned sinks, then the ring's head and tail
+  // Pinned sinks, the ring's head and tail, and (in a prefill) the chunk's own fresh rows.
+  static constexpr std::size_t max_runs = 4;
 
   /// An empty window (no positions); prefill masks can produce one.
   windowed_kv() noexcept = default;

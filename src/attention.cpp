@@ -3,6 +3,8 @@ module;
 #include <chrono>
 #include <cstddef>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 module ringkv.attention;
 
@@ -53,3 +55,27 @@ void windowed_attention::decode_step_gathered(std::span<const float> query,
 }
 
 }  // namespace ringkv
+
+namespace ringkv::detail {
+
+std::size_t resolve_window(const kv_cache_store& store, std::size_t requested,
+                           std::string_view caller) {
+  const std::size_t limit = store.config().capacity - store.options().slack;
+  const std::size_t window = requested == 0 ? limit : requested;
+  const auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument(std::string(caller) + ": " + what);
+  };
+  if (window > limit)
+    refuse("window " + std::to_string(window) + " > capacity - slack = " + std::to_string(limit) +
+           " (the store cannot hold it)");
+  if (store.options().keep >= window && store.options().keep > 0)
+    refuse("window " + std::to_string(window) + " must exceed keep " +
+           std::to_string(store.options().keep));
+  return window;
+}
+
+std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept {
+  return p + 1 > window ? p + 1 - (window - keep) : 0;
+}
+
+}  // namespace ringkv::detail

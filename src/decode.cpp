@@ -17,14 +17,7 @@ std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const d
   if (layer >= c.layers)
     throw std::out_of_range("ringkv::decode: layer " + std::to_string(layer) + " >= layers " +
                             std::to_string(c.layers));
-  const std::size_t limit = c.capacity - store.options().slack;
-  const std::size_t window = o.window == 0 ? limit : o.window;
-  if (window > limit)
-    refuse("window " + std::to_string(window) + " > capacity - slack = " + std::to_string(limit) +
-           " (the store cannot hold it)");
-  if (store.options().keep >= window && store.options().keep > 0)
-    refuse("window " + std::to_string(window) + " must exceed keep " +
-           std::to_string(store.options().keep));
+  const std::size_t window = resolve_window(store, o.window, "ringkv::decode");
   if (o.scale < 0.0f || o.scale != o.scale) refuse("scale must be >= 0 (0: 1/sqrt(head_dim))");
   return window;
 }
@@ -46,11 +39,6 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
   if (!o.sinks.empty() && o.sinks.size() != q / c.head_dim)
     refuse("sinks has " + std::to_string(o.sinks.size()) + " logits, expected one per query head (" +
            std::to_string(q / c.head_dim) + ")");
-}
-
-std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept {
-  // The token at p sees W keys: p-W+1..p, or with S pinned sinks 0..S-1 and p-(W-S)+1..p.
-  return p + 1 > window ? p + 1 - (window - keep) : 0;
 }
 
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,

@@ -22,6 +22,7 @@ namespace ringkv::kernels {
 static_assert(block_positions == simd::block_positions);
 static_assert(segment_positions == simd::segment_positions);
 static_assert(max_head_dim == simd::max_head_dim);
+static_assert(windowed_kv::max_runs == simd::max_runs);
 
 namespace {
 

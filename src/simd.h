@@ -20,7 +20,7 @@ namespace ringkv::simd {
 
 inline constexpr std::size_t block_positions = 16;
 inline constexpr std::size_t segment_positions = 1024;
-inline constexpr std::size_t max_runs = 3;
+inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;

@@ -22,11 +22,7 @@ void store_elements(std::byte* dst, const float* src, std::size_t n, dtype type)
     std::memmove(dst, src, n * sizeof(float));  // the caller may pass a row of this very slot
     return;
   }
-  const bool half = type == dtype::f16;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t bits = half ? detail::f32_to_f16(src[i]) : detail::f32_to_bf16(src[i]);
-    std::memcpy(dst + 2 * i, &bits, 2);
-  }
+  detail::f32_to_halves(dst, src, n, type == dtype::f16);
 }
 
 void load_elements(float* dst, const std::byte* src, std::size_t n, dtype type) noexcept {

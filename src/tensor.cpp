@@ -59,7 +59,13 @@ tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::si
   if (positions > 1 && position_stride < head_dim)
     refuse("tensor_view: position_stride " + std::to_string(position_stride) +
            " is smaller than head_dim " + std::to_string(head_dim) + " (rows would overlap)");
-  if (heads > 1 && positions > 0 && head_stride < (positions - 1) * position_stride + head_dim)
+  // Heads apart: either each head's rows lie past the previous head's last row ([heads,
+  // positions, dim]), or heads interleave within a position ([positions, heads, dim], e.g. a
+  // prefill chunk as the caller laid it out).
+  const bool head_major = head_stride >= (positions - 1) * position_stride + head_dim;
+  const bool position_major = head_stride >= head_dim &&
+                              (positions < 2 || position_stride >= (heads - 1) * head_stride + head_dim);
+  if (heads > 1 && positions > 0 && !head_major && !position_major)
     refuse("tensor_view: head_stride " + std::to_string(head_stride) +
            " is smaller than one head's extent (heads would overlap)");
   if (data == nullptr && positions > 0) refuse("tensor_view: data is null for a non-empty view");

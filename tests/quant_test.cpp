@@ -45,7 +45,10 @@ std::vector<float> unit_vector(std::mt19937_64& rng, std::size_t d) {
   std::normal_distribution<double> normal;
   std::vector<double> x(d);
   double n = 0;
-  for (double& v : x) n += (v = normal(rng)) * v;
+  for (double& v : x) {
+    v = normal(rng);
+    n += v * v;
+  }
   std::vector<float> out(d);
   for (std::size_t i = 0; i < d; ++i) out[i] = float(x[i] / std::sqrt(n));
   return out;

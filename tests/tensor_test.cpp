@@ -98,6 +98,9 @@ BOOST_AUTO_TEST_CASE(bad_view_shapes_are_refused_with_the_argument_named) {
   BOOST_CHECK_EXCEPTION(ringkv::tensor_view(nullptr, dtype::f32, 1, 4, 4, 16, 4),
                         std::invalid_argument, [](const auto& e) { return mentions(e, "null"); });
   ringkv::tensor_view ok(base, dtype::f32, 1, 4, 4, 16, 4);
+  // Heads interleaved within each position ([positions, heads, dim], a prefill chunk's layout).
+  const ringkv::tensor_view interleaved(base, dtype::f32, 2, 4, 4, 4, 8);
+  BOOST_TEST(interleaved.row<float>(1, 2).data() == data.data() + 2 * 8 + 4);
   BOOST_CHECK_THROW(ok.slice(3, 2), std::out_of_range);
 }
 

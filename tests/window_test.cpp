@@ -70,16 +70,21 @@ BOOST_AUTO_TEST_CASE(a_window_refuses_runs_that_disagree_on_heads_head_dim_or_dt
                         [](const auto& e) { return mentions(e, {"run 2", "head_dim 5"}); });
 }
 
-BOOST_AUTO_TEST_CASE(runs_must_move_forward_in_position_and_number_at_most_three) {
+BOOST_AUTO_TEST_CASE(runs_must_move_forward_in_position_and_number_at_most_four) {
   ring_buffer b(dtype::f32, 1, 8, 2);
   const kv_run backwards[] = {{b.view(0, 4), 10}, {b.view(4, 2), 12}};
   BOOST_CHECK_EXCEPTION(windowed_kv{std::span(backwards)}, std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"position 12", "(14)"}); });
+  // Four: pinned sinks, the ring's head and tail, and a prefill chunk's rows.
   const kv_run four[] = {{b.view(0, 1), 0}, {b.view(1, 1), 2}, {b.view(2, 1), 4}, {b.view(3, 1), 6}};
-  BOOST_CHECK_EXCEPTION(windowed_kv{std::span(four)}, std::invalid_argument,
-                        [](const auto& e) { return mentions(e, {"more than 3 runs"}); });
-  const kv_run padded[] = {{b.view(0, 1), 0}, {b.view(1, 0), 1}, {b.view(2, 1), 4}, {b.view(3, 1), 6}};
-  BOOST_TEST(windowed_kv{std::span(padded)}.runs().size() == 3u);  // the empty run is dropped
+  BOOST_TEST(windowed_kv{std::span(four)}.runs().size() == 4u);
+  const kv_run five[] = {{b.view(0, 1), 0}, {b.view(1, 1), 2}, {b.view(2, 1), 4}, {b.view(3, 1), 6},
+                         {b.view(4, 1), 8}};
+  BOOST_CHECK_EXCEPTION(windowed_kv{std::span(five)}, std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"more than 4 runs"}); });
+  const kv_run padded[] = {{b.view(0, 1), 0}, {b.view(1, 0), 1}, {b.view(2, 1), 4}, {b.view(3, 1), 6},
+                           {b.view(4, 1), 8}};
+  BOOST_TEST(windowed_kv{std::span(padded)}.runs().size() == 4u);  // the empty run is dropped
 }
 
 BOOST_AUTO_TEST_CASE(an_empty_window_has_no_runs_and_cannot_be_gathered) {

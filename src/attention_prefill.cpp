@@ -1,0 +1,194 @@
+// windowed_attention::prefill: each query of a chunk attends the store's runs (as they lie in the
+// ring) followed by the chunk's own rows, through the decode kernel, so prefill and token-by-token
+// decode share one arithmetic; the chunk is appended only after every output is computed.
+module;
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "half.hpp"
+module ringkv.attention;
+
+namespace ringkv {
+namespace {
+
+constexpr std::string_view who = "ringkv::windowed_attention::prefill";
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw std::invalid_argument(std::string(who) + ": " + what);
+}
+
+std::string str(std::size_t n) { return std::to_string(n); }
+
+bool overlaps(std::span<const float> a, std::span<const float> b) {
+  const std::less<const float*> before;
+  return !a.empty() && !b.empty() && before(a.data(), b.data() + b.size()) &&
+         before(b.data(), a.data() + a.size());
+}
+
+/// The chunk's geometry after every check (C = tokens; rows in floats).
+struct chunk_shape {
+  std::size_t tokens = 0, q_row = 0, kv_row = 0, window = 0;
+  float scale = 0.0f;
+};
+
+chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
+                        std::span<const float> queries, std::span<const float> keys,
+                        std::span<const float> values, std::span<const float> out,
+                        const prefill_options& o) {
+  const kv_cache_config c = store.config();
+  if (layer >= c.layers)
+    throw std::out_of_range(std::string(who) + ": layer " + str(layer) + " >= layers " +
+                            str(c.layers));
+  chunk_shape s;
+  s.kv_row = c.row_floats();
+  if (c.head_dim > kernels::max_head_dim)
+    refuse("head_dim " + str(c.head_dim) + " exceeds max_head_dim " + str(kernels::max_head_dim));
+  if (c.key_type != c.value_type)
+    refuse("keys are " + std::string(name_of(c.key_type)) + " but values are " +
+           std::string(name_of(c.value_type)) + "; attention needs one type for both");
+  s.window = detail::resolve_window(store, o.window, who);
+  if (keys.size() % s.kv_row != 0)
+    refuse("keys has " + str(keys.size()) + " floats, not a multiple of kv_heads * head_dim = " +
+           str(s.kv_row));
+  if (values.size() != keys.size())
+    refuse("values has " + str(values.size()) + " floats but keys has " + str(keys.size()));
+  s.tokens = keys.size() / s.kv_row;
+  if (out.size() != queries.size())
+    refuse("out has " + str(out.size()) + " floats but queries has " + str(queries.size()));
+  if (s.tokens == 0) {
+    if (!queries.empty()) refuse("queries has " + str(queries.size()) + " floats for 0 tokens");
+    return s;
+  }
+  if (queries.size() % s.tokens != 0)
+    refuse("queries has " + str(queries.size()) + " floats for " + str(s.tokens) +
+           " tokens; expected tokens * q_heads * head_dim");
+  s.q_row = queries.size() / s.tokens;
+  for (const auto& [name, in] : {std::pair{"queries", queries}, std::pair{"keys", keys},
+                                 std::pair{"values", values}, std::pair{"sinks", o.sinks}})
+    if (overlaps(out, in)) refuse(std::string("out overlaps ") + name);
+  // One row's query/out/sinks/scale checks stand for all rows (they share the geometry).
+  s.scale = kernels::check_step(who, queries.first(s.q_row), c.kv_heads, c.head_dim,
+                                out.first(s.q_row), o.scale, o.sinks);
+  require_finite(who, "queries", queries);
+  require_finite(who, "keys", keys);
+  require_finite(who, "values", values);
+  const std::size_t length = store.length(layer);
+  if (!store.options().sliding_window && length + s.tokens > c.capacity)
+    throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) +
+                     " of " + str(c.capacity) + " positions; a chunk of " + str(s.tokens) +
+                     " tokens does not fit");
+  return s;
+}
+
+/// The chunk's rows as the store holds them: the caller's f32 rows in place, or rounded once
+/// to the store's f16/bf16 in `arena`. [kv_heads, tokens, head_dim], positions from `first`.
+template <class Arena>
+tensor_view chunk_view(std::span<const float> rows, dtype type, const kv_cache_config& c,
+                       std::size_t tokens, Arena&& arena) {
+  if (type == dtype::f32)  // read only: the kernels never write through a window
+    return tensor_view(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(rows.data())),
+                       dtype::f32, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
+  const tensor_view v = arena().allocate_view(type, tokens, c.kv_heads, c.head_dim);
+  detail::f32_to_halves(v.data(), rows.data(), rows.size(), type == dtype::f16);
+  // allocate_view lays rows out [tokens][kv_heads][head_dim]: read it as [kv_heads][tokens].
+  return tensor_view(v.data(), type, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
+}
+
+/// The positions the token at p sees: the sinks [0, keep) when its rolling part starts past
+/// them, then [from, p + 1).
+std::array<position_range, 2> seen(std::size_t p, std::size_t window, std::size_t keep) {
+  const std::size_t from = detail::window_from(p, window, keep);
+  if (from > 0 && keep > 0) return {position_range{0, keep}, position_range{from, p + 1}};
+  return {position_range{from, p + 1}, position_range{}};
+}
+
+/// Adds to runs[n] the part of `run` (first position `first`) inside each range of `seen`.
+void add_seen(const tensor_view& run, std::size_t first, const std::array<position_range, 2>& seen,
+              std::array<kv_run, windowed_kv::max_runs>& runs, std::size_t& n) {
+  for (const position_range& r : seen) {
+    const std::size_t lo = std::max(first, r.from), hi = std::min(first + run.positions(), r.to);
+    if (lo < hi) runs[n++] = kv_run{run.slice(lo - first, hi - lo), lo};
+  }
+}
+
+/// Token p's window: the store's runs (`held`, the first token's store part, which holds every
+/// later token's) and the chunk rows, each cut to what p sees.
+windowed_kv token_window(const windowed_kv& held, const tensor_view& chunk, std::size_t length,
+                         const std::array<position_range, 2>& seen) {
+  std::array<kv_run, windowed_kv::max_runs> runs{};
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < held.runs().size(); ++i)
+    add_seen(held.runs()[i], held.run_first_position(i), seen, runs, n);
+  add_seen(chunk, length, seen, runs, n);
+  return windowed_kv(std::span<const kv_run>(runs.data(), n));
+}
+
+/// The store's part of the first token's window (every later token sees a subset of it).
+std::array<windowed_kv, 2> held_windows(const default_kv_cache_store& store, std::size_t layer,
+                                        std::size_t window) {
+  const std::size_t length = store.length(layer), keep = store.options().keep;
+  const std::size_t from = detail::window_from(length, window, keep);
+  if (from < length)
+    return {store.key_window(layer, from, length), store.value_window(layer, from, length)};
+  if (length > 0 && keep > 0) {
+    const std::size_t to = std::min(keep, length);
+    return {store.key_window(layer, 0, to), store.value_window(layer, 0, to)};
+  }
+  return {};
+}
+
+}  // namespace
+
+void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
+                                 std::span<const float> queries, std::span<const float> keys,
+                                 std::span<const float> values, std::span<float> out,
+                                 const prefill_options& options) const {
+  const chunk_shape s = check_chunk(store, layer, queries, keys, values, out, options);
+  if (s.tokens == 0) return;
+  std::optional<scope> local;  // made only if needed: an f32 prefill allocates nothing
+  const auto arena = [&]() -> scope& {
+    return options.arena ? *options.arena : local ? *local : local.emplace(64, *sink_);
+  };
+  const std::size_t length = store.length(layer), keep = store.options().keep;
+  const kv_cache_config c = store.config();
+  const auto* fast = dynamic_cast<const default_kv_cache_store*>(&store);
+  const std::size_t read = queries.size_bytes() + keys.size_bytes() + values.size_bytes();
+  detail::traced(*sink_, "attention.prefill", read, out.size_bytes(), [&] {
+    if (fast == nullptr) {
+      // A store whose rows may change on the way in (compressed) or out: the decode loop itself.
+      for (std::size_t i = 0; i < s.tokens; ++i) {
+        const std::size_t p = store.append(layer, keys.subspan(i * s.kv_row, s.kv_row),
+                                           values.subspan(i * s.kv_row, s.kv_row));
+        const std::size_t from = detail::window_from(p, s.window, keep);
+        if (arena().live() > 0) arena().reset();
+        kernels::decode(queries.subspan(i * s.q_row, s.q_row),
+                        store.key_window(layer, from, p + 1, arena()),
+                        store.value_window(layer, from, p + 1, arena()),
+                        out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
+      }
+      return;
+    }
+    const auto [held_k, held_v] = held_windows(*fast, layer, s.window);
+    const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena);
+    const tensor_view chunk_v = chunk_view(values, c.value_type, c, s.tokens, arena);
+    for (std::size_t i = 0; i < s.tokens; ++i) {
+      const auto window = seen(length + i, s.window, keep);
+      kernels::decode(queries.subspan(i * s.q_row, s.q_row),
+                      token_window(held_k, chunk_k, length, window),
+                      token_window(held_v, chunk_v, length, window),
+                      out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
+    }
+    for (std::size_t i = 0; i < s.tokens; ++i)
+      store.append(layer, keys.subspan(i * s.kv_row, s.kv_row),
+                   values.subspan(i * s.kv_row, s.kv_row));
+  });
+}
+
+}  // namespace ringkv

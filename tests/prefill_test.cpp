@@ -1,0 +1,345 @@
+#define BOOST_TEST_MODULE prefill
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+
+#include "count_new.hpp"
+
+import ringkv;
+
+namespace trace = ringkv::trace;
+
+namespace {
+
+constexpr std::size_t head_dim = 16, q_heads = 8;
+
+/// Seeded random rows for n tokens: q [n, q_heads * head_dim], k and v [n, kv_heads * head_dim].
+struct prompt {
+  std::size_t q_row, kv_row;
+  std::vector<float> q, k, v;
+  prompt(std::size_t n, std::size_t kv_heads, unsigned seed, float spread = 1.0f)
+      : q_row(q_heads * head_dim), kv_row(kv_heads * head_dim), q(n * q_row), k(n * kv_row),
+        v(n * kv_row) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, spread);
+    for (auto* buf : {&q, &k, &v})
+      for (float& x : *buf) x = nd(rng);
+  }
+  std::span<const float> qs(std::size_t from, std::size_t n) const {
+    return std::span<const float>(q).subspan(from * q_row, n * q_row);
+  }
+  std::span<const float> ks(std::size_t from, std::size_t n) const {
+    return std::span<const float>(k).subspan(from * kv_row, n * kv_row);
+  }
+  std::span<const float> vs(std::size_t from, std::size_t n) const {
+    return std::span<const float>(v).subspan(from * kv_row, n * kv_row);
+  }
+};
+
+ringkv::default_kv_cache_store ring(std::size_t kv_heads, std::size_t capacity,
+                                    std::size_t keep = 0,
+                                    ringkv::dtype type = ringkv::dtype::f32,
+                                    trace::sink& sink = trace::null_sink()) {
+  return ringkv::default_kv_cache_store(
+      {.layers = 1, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = capacity,
+       .key_type = type, .value_type = type},
+      {.sliding_window = true, .keep = keep}, sink);
+}
+
+/// Tokens [from, from + n) of `p` the plain way: append, then decode_step over the store's
+/// window of the new position (the stream's loop, written out).
+std::vector<float> token_by_token(ringkv::kv_cache_store& store, const prompt& p, std::size_t from,
+                                  std::size_t n, std::span<const float> sinks = {}) {
+  const ringkv::windowed_attention attention;
+  ringkv::scope arena(64);
+  const std::size_t w = store.attention_window(), keep = store.options().keep;
+  std::vector<float> out(n * p.q_row);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t pos = store.append(0, p.ks(from + i, 1), p.vs(from + i, 1));
+    const std::size_t first = pos + 1 > w ? pos + 1 - (w - keep) : 0;
+    arena.reset();
+    attention.decode_step(p.qs(from + i, 1), store.key_window(0, first, pos + 1, arena),
+                          store.value_window(0, first, pos + 1, arena),
+                          std::span<float>(out).subspan(i * p.q_row, p.q_row), 0.0f, sinks);
+  }
+  return out;
+}
+
+std::vector<float> prefilled(ringkv::kv_cache_store& store, const prompt& p, std::size_t from,
+                             std::size_t n, ringkv::prefill_options options = {}) {
+  std::vector<float> out(n * p.q_row);
+  ringkv::windowed_attention().prefill(store, 0, p.qs(from, n), p.ks(from, n), p.vs(from, n), out,
+                                       options);
+  return out;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+/// Everything a store is: counters and the raw bytes of both sides, slot by slot.
+bool same_store(const ringkv::default_kv_cache_store& a, const ringkv::default_kv_cache_store& b) {
+  const auto bytes_equal = [](const ringkv::storage& x, const ringkv::storage& y) {
+    return x.bytes() == y.bytes() && std::memcmp(x.data(), y.data(), x.bytes()) == 0;
+  };
+  return a.length(0) == b.length(0) && a.window_start(0) == b.window_start(0) &&
+         bytes_equal(a.key_storage(0), b.key_storage(0)) &&
+         bytes_equal(a.value_storage(0), b.value_storage(0));
+}
+
+/// The double-precision reference for the token at `pos` (row `i` of `p`, which holds positions
+/// 0 … of the prompt): softmax over the given positions, plainly, per query head.
+std::vector<double> reference(const prompt& p, std::size_t kv_heads, std::size_t i,
+                              const std::vector<std::size_t>& positions) {
+  const std::size_t group = q_heads / kv_heads;
+  const double scale = 1.0 / std::sqrt(double(head_dim));
+  std::vector<double> out(p.q_row, 0.0);
+  for (std::size_t h = 0; h < q_heads; ++h) {
+    const std::size_t kvh = h / group;
+    std::vector<double> s;
+    for (std::size_t pos : positions) {
+      double dot = 0;
+      for (std::size_t d = 0; d < head_dim; ++d)
+        dot += double(p.q[i * p.q_row + h * head_dim + d]) *
+               double(p.k[pos * p.kv_row + kvh * head_dim + d]);
+      s.push_back(dot * scale);
+    }
+    if (s.empty()) continue;
+    const double m = *std::max_element(s.begin(), s.end());
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - m));
+    for (std::size_t j = 0; j < positions.size(); ++j)
+      for (std::size_t d = 0; d < head_dim; ++d)
+        out[h * head_dim + d] += s[j] / sum * double(p.v[positions[j] * p.kv_row + kvh * head_dim + d]);
+  }
+  return out;
+}
+
+/// Positions p − W + 1 … p (clamped at 0), or with keep S: 0 … S−1 and the W − S newest.
+std::vector<std::size_t> window_of(std::size_t pos, std::size_t w, std::size_t keep) {
+  std::vector<std::size_t> out;
+  if (pos + 1 <= w) {
+    for (std::size_t x = 0; x <= pos; ++x) out.push_back(x);
+    return out;
+  }
+  for (std::size_t x = 0; x < keep; ++x) out.push_back(x);
+  for (std::size_t x = pos + 1 - (w - keep); x <= pos; ++x) out.push_back(x);
+  return out;
+}
+
+double max_abs_diff(std::span<const float> got, const std::vector<double>& want) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+  return worst;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(prefill_equals_token_by_token_decode_bit_for_bit_on_fresh_and_wrapped_rings) {
+  std::size_t cases = 0;
+  for (const std::size_t w : {1u, 5u, 64u})
+    for (const std::size_t keep : {0u, 2u}) {
+      if (keep >= w) continue;
+      for (const std::size_t chunk : {std::size_t(1), std::size_t(7), w - 1, w, w + 1, 3 * w + 5}) {
+        if (chunk == 0) continue;
+        for (const std::size_t before : {std::size_t(0), 2 * w + 3}) {  // fresh, then wrapped
+          const prompt p(before + chunk, 2, unsigned(w * 100 + chunk + keep));
+          auto a = ring(2, w, keep), b = ring(2, w, keep);
+          token_by_token(a, p, 0, before);
+          token_by_token(b, p, 0, before);
+          BOOST_TEST_REQUIRE((before == 0 || a.window_start(0) > keep));  // overwritten: wrapped
+          const auto want = token_by_token(a, p, before, chunk);
+          const auto got = prefilled(b, p, before, chunk);
+          BOOST_TEST_INFO("W " << w << " keep " << keep << " chunk " << chunk << " after " << before);
+          BOOST_TEST(same_bits(got, want));
+          BOOST_TEST(same_store(a, b));
+          ++cases;
+        }
+      }
+    }
+  BOOST_TEST(cases == 58u);  // W 1: 5 chunks; W 5, 64: 6 chunks × 2 keeps; × fresh/wrapped
+}
+
+BOOST_AUTO_TEST_CASE(a_prompt_cut_into_different_chunks_gives_the_same_outputs_and_store) {
+  const std::size_t w = 64;
+  const prompt p(100, 2, 7);
+  const std::vector<std::vector<std::size_t>> splits = {{100}, {37, 1, 62}, {64, 36}};
+  std::vector<std::vector<float>> outs;
+  std::vector<ringkv::default_kv_cache_store> stores;
+  for (const auto& split : splits) {
+    stores.push_back(ring(2, w, 3));
+    std::vector<float> all;
+    std::size_t from = 0;
+    for (std::size_t n : split) {
+      const auto o = prefilled(stores.back(), p, from, n);
+      all.insert(all.end(), o.begin(), o.end());
+      from += n;
+    }
+    outs.push_back(all);
+  }
+  for (std::size_t i = 1; i < splits.size(); ++i) {
+    BOOST_TEST(same_bits(outs[i], outs[0]));
+    BOOST_TEST(same_store(stores[i], stores[0]));
+  }
+  BOOST_TEST(stores[0].length(0) == 100u);
+}
+
+BOOST_AUTO_TEST_CASE(prefill_matches_a_double_reference_with_the_mask_at_the_chunk_start) {
+  // A short store (3 positions) then a chunk of 40 with W = 16 and 2 sinks: the first queries see
+  // fewer than W keys (never a position below 0 or above themselves), later ones 0, 1 and the 14
+  // newest. Relative error bound: 16 f32 products per score and a 16-term f32 softmax stay near
+  // 1e-6 of the output scale (values ~1).
+  const std::size_t w = 16, keep = 2;
+  for (const std::size_t kv_heads : {2u, 8u}) {
+    const prompt p(43, kv_heads, 11);
+    auto store = ring(kv_heads, w, keep);
+    token_by_token(store, p, 0, 3);
+    const auto out = prefilled(store, p, 3, 40);
+    double worst = 0;
+    for (std::size_t i = 0; i < 40; ++i) {
+      const auto want = reference(p, kv_heads, 3 + i, window_of(3 + i, w, keep));
+      worst = std::max(worst, max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
+    }
+    BOOST_TEST_MESSAGE("kv_heads " << kv_heads << ": max abs error vs double " << worst);
+    BOOST_TEST(worst < 2e-6);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_query_sees_exactly_the_last_w_positions_not_one_more_or_less) {
+  // With W = 8 and scores of order 1 every key carries ~1/8 of the weight: adding position
+  // p − W or dropping p − W + 1 moves the output by ~0.1, far above the kernel's error, in
+  // prefill and at the ring/chunk boundary.
+  const std::size_t w = 8;
+  const prompt p(30, 2, 5);
+  auto store = ring(2, w);
+  token_by_token(store, p, 0, 10);  // the chunk starts on a wrapped ring
+  const auto out = prefilled(store, p, 10, 20);
+  for (std::size_t i = 0; i < 20; ++i) {
+    const std::size_t pos = 10 + i;
+    const auto row = std::span<const float>(out).subspan(i * p.q_row, p.q_row);
+    const auto exact = reference(p, 2, pos, window_of(pos, w, 0));
+    const auto one_more = reference(p, 2, pos, window_of(pos, w + 1, 0));
+    const auto one_less = reference(p, 2, pos, window_of(pos, w - 1, 0));
+    BOOST_TEST_INFO("position " << pos);
+    BOOST_TEST(max_abs_diff(row, exact) < 1e-5);
+    BOOST_TEST(max_abs_diff(row, one_more) > 1e-3);
+    BOOST_TEST(max_abs_diff(row, one_less) > 1e-3);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(learned_sinks_and_kept_tokens_in_prefill_equal_decode) {
+  const std::size_t w = 12;
+  const prompt p(50, 2, 21);
+  std::vector<float> sinks(q_heads);
+  for (std::size_t h = 0; h < q_heads; ++h) sinks[h] = 0.5f * float(h) - 1.0f;
+  auto a = ring(2, w, 3), b = ring(2, w, 3);
+  token_by_token(a, p, 0, 20, sinks);
+  token_by_token(b, p, 0, 20, sinks);
+  const auto want = token_by_token(a, p, 20, 30, sinks);
+  const auto got = prefilled(b, p, 20, 30, {.sinks = sinks});
+  BOOST_TEST(same_bits(got, want));
+  BOOST_TEST(same_store(a, b));
+}
+
+BOOST_AUTO_TEST_CASE(a_smaller_window_than_the_ring_holds_is_honoured) {
+  const prompt p(40, 2, 8);
+  auto store = ring(2, 32);
+  const auto out = prefilled(store, p, 0, 40, {.window = 6});
+  for (const std::size_t i : {0u, 5u, 6u, 39u}) {
+    const auto want = reference(p, 2, i, window_of(i, 6, 0));
+    BOOST_TEST(max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want) < 2e-6);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_compressed_store_gets_the_token_by_token_loop) {
+  const prompt p(30, 2, 9);
+  const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 10};
+  ringkv::int8_kv_cache_store a(c, {.sliding_window = true}), b(c, {.sliding_window = true});
+  const auto want = token_by_token(a, p, 0, 30);
+  const auto got = prefilled(b, p, 0, 30);
+  BOOST_TEST(same_bits(got, want));
+  BOOST_TEST(b.length(0) == 30u);
+}
+
+BOOST_AUTO_TEST_CASE(a_prefill_after_the_first_allocates_nothing) {
+  trace::recorder rec(256);
+  auto store = ring(2, 64, 2, ringkv::dtype::f32, rec);
+  const prompt p(300, 2, 4);
+  const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
+  std::vector<float> out(100 * p.q_row);
+  attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100), out);
+  rec.clear();
+  const ringkv_test::new_counter counter;
+  attention.prefill(store, 0, p.qs(100, 100), p.ks(100, 100), p.vs(100, 100), out);
+  attention.prefill(store, 0, p.qs(200, 100), p.ks(200, 100), p.vs(200, 100), out);
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
+  BOOST_TEST(store.length(0) == 300u);
+}
+
+BOOST_AUTO_TEST_CASE(bad_chunks_are_refused_with_out_and_store_untouched) {
+  const prompt p(10, 2, 3);
+  auto store = ring(2, 8);
+  token_by_token(store, p, 0, 2);
+  const ringkv::windowed_attention attention;
+  std::vector<float> out(4 * p.q_row, 7.0f);
+  const auto untouched = [&] {
+    return store.length(0) == 2 &&
+           std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; });
+  };
+  const auto qs = p.qs(2, 4), ks = p.ks(2, 4), vs = p.vs(2, 4);
+  BOOST_CHECK_THROW(attention.prefill(store, 1, qs, ks, vs, out), std::out_of_range);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks.first(ks.size() - 1), vs, out),
+                    std::invalid_argument);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, p.vs(2, 3), out), std::invalid_argument);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, p.qs(2, 3), ks, vs, out), std::invalid_argument);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, std::span<float>(out).first(10)),
+                    std::invalid_argument);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.window = 9}),
+                    std::invalid_argument);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.scale = -1.0f}),
+                    std::invalid_argument);
+  const std::vector<float> two_sinks(2, 0.0f);
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.sinks = two_sinks}),
+                    std::invalid_argument);
+  std::vector<float> bad_k(ks.begin(), ks.end());
+  bad_k[5] = std::numeric_limits<float>::quiet_NaN();
+  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, bad_k, vs, out), std::invalid_argument);
+  // out overlapping the queries
+  std::vector<float> shared(p.qs(2, 4).begin(), p.qs(2, 4).end());
+  BOOST_CHECK_THROW(attention.prefill(store, 0, shared, ks, vs, shared), std::invalid_argument);
+  BOOST_TEST(untouched());
+  try {
+    attention.prefill(store, 0, qs, ks, vs, out, {.window = 9});
+  } catch (const std::invalid_argument& e) {
+    BOOST_TEST(std::string(e.what()).find("window 9 > capacity - slack = 8") != std::string::npos);
+  }
+
+  ringkv::default_kv_cache_store dense({.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 5});
+  token_by_token(dense, p, 0, 2);
+  BOOST_CHECK_THROW(attention.prefill(dense, 0, qs, ks, vs, out), ringkv::cache_full);
+  BOOST_TEST(dense.length(0) == 2u);
+  BOOST_TEST(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+  std::vector<float> three(3 * p.q_row);
+  attention.prefill(dense, 0, p.qs(2, 3), p.ks(2, 3), p.vs(2, 3), three);  // exactly fits
+  BOOST_TEST(dense.length(0) == 5u);
+}
+
+BOOST_AUTO_TEST_CASE(an_empty_chunk_changes_nothing) {
+  auto store = ring(2, 8);
+  const ringkv::windowed_attention attention;
+  attention.prefill(store, 0, {}, {}, {}, {});
+  BOOST_TEST(store.length(0) == 0u);
+}
