@@ -100,7 +100,8 @@ bool same_store(const ringkv::default_kv_cache_store& a, const ringkv::default_k
 /// The double-precision reference for the token at `pos` (row `i` of `p`, which holds positions
 /// 0 … of the prompt): softmax over the given positions, plainly, per query head.
 std::vector<double> reference(const prompt& p, std::size_t kv_heads, std::size_t i,
-                              const std::vector<std::size_t>& positions) {
+                              const std::vector<std::size_t>& positions,
+                              std::span<const float> sinks = {}) {
   const std::size_t group = q_heads / kv_heads;
   const double scale = 1.0 / std::sqrt(double(head_dim));
   std::vector<double> out(p.q_row, 0.0);
@@ -116,7 +117,7 @@ std::vector<double> reference(const prompt& p, std::size_t kv_heads, std::size_t
     }
     if (s.empty()) continue;
     const double m = *std::max_element(s.begin(), s.end());
-    double sum = 0;
+    double sum = sinks.empty() ? 0.0 : std::exp(double(sinks[h]) - m);  // gpt-oss sink logit
     for (double& x : s) sum += (x = std::exp(x - m));
     for (std::size_t j = 0; j < positions.size(); ++j)
       for (std::size_t d = 0; d < head_dim; ++d)
@@ -250,6 +251,28 @@ BOOST_AUTO_TEST_CASE(learned_sinks_and_kept_tokens_in_prefill_equal_decode) {
   const auto got = prefilled(b, p, 20, 30, {.sinks = sinks});
   BOOST_TEST(same_bits(got, want));
   BOOST_TEST(same_store(a, b));
+}
+
+BOOST_AUTO_TEST_CASE(kept_tokens_and_learned_sinks_on_a_wrapped_ring_match_the_double_reference) {
+  // Ring of 12 with 3 kept tokens, wrapped several times before the chunk; decode and prefill
+  // both attend positions 0, 1, 2 and the 9 newest, and add e^(sink − max) to the denominator.
+  const std::size_t w = 12, keep = 3;
+  const prompt p(80, 2, 23);
+  std::vector<float> sinks(q_heads);
+  for (std::size_t h = 0; h < q_heads; ++h) sinks[h] = 0.25f * float(h);
+  auto store = ring(2, w, keep);
+  const auto decoded = token_by_token(store, p, 0, 50, sinks);
+  BOOST_TEST_REQUIRE(store.window_start(0) > 3 * w);
+  const auto out = prefilled(store, p, 50, 30, {.sinks = sinks});
+  double worst = 0;
+  for (std::size_t pos = 0; pos < 80; ++pos) {
+    const auto& rows = pos < 50 ? decoded : out;
+    const std::size_t i = pos < 50 ? pos : pos - 50;
+    const auto want = reference(p, 2, pos, window_of(pos, w, keep), sinks);
+    worst = std::max(worst, max_abs_diff(std::span<const float>(rows).subspan(i * p.q_row, p.q_row), want));
+  }
+  BOOST_TEST_MESSAGE("max abs error vs double with keep and sinks: " << worst);
+  BOOST_TEST(worst < 2e-6);
 }
 
 BOOST_AUTO_TEST_CASE(a_smaller_window_than_the_ring_holds_is_honoured) {
