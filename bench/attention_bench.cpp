@@ -2,6 +2,7 @@
 // windows of 256, 4096 and 32768 positions. Variants, measured in the same run:
 //   roof      a streaming read of the same K+V bytes (nothing can attend them faster)
 //   pair      ringkv: windowed_attention::decode_step over a wrapped ring (the window's two runs)
+//   pair2     pair split across a default_thread_pool of 2 threads (the caller and one worker)
 //   gathered  ringkv: decode_step_gathered (copy both runs into a scope, then attend one run)
 //   scalar    a plain two-pass softmax (scores, then exp and V) per query head, scalar code
 // Counters: bytes_per_second = unique K+V bytes per step / time; x_roof = time / roof time.
@@ -137,6 +138,16 @@ void pair(benchmark::State& state, shape s) {
   measure(state, s, [&] { attention.decode_step(l.query(), k, v, l.out()); });
 }
 
+void pair2(benchmark::State& state, shape s) {
+  static ringkv::default_thread_pool pool(2);
+  wrapped_layer& l = layer_for(s);
+  const ringkv::windowed_attention attention(ringkv::attention_options{.pool = &pool});
+  const windowed_kv k = l.keys(), v = l.values();
+  state.SetLabel(std::string(ringkv::kernels::target_name()));
+  attention.decode_step(l.query(), k, v, l.out());  // grows the split scratch once
+  measure(state, s, [&] { attention.decode_step(l.query(), k, v, l.out()); });
+}
+
 void gathered(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);
   const ringkv::windowed_attention attention;
@@ -201,8 +212,9 @@ int main(int argc, char** argv) {
         const shape s{dim, window, kv};
         const std::string name = "decode/D:" + std::to_string(dim) + "/W:" + std::to_string(window) +
                                  "/kv:" + std::to_string(kv) + "/";
-        for (auto [variant, fn] : std::array<std::pair<const char*, void (*)(benchmark::State&, shape)>, 4>{
-                 {{"roof", roof}, {"pair", pair}, {"gathered", gathered}, {"scalar", scalar}}})
+        for (auto [variant, fn] : std::array<std::pair<const char*, void (*)(benchmark::State&, shape)>, 5>{
+                 {{"roof", roof}, {"pair", pair}, {"pair2", pair2}, {"gathered", gathered},
+                  {"scalar", scalar}}})
           benchmark::RegisterBenchmark((name + variant).c_str(), fn, s)
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime()

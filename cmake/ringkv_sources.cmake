@@ -6,6 +6,7 @@ set(RINGKV_MODULES
   modules/window.cppm
   modules/generator.cppm
   modules/store.cppm
+  modules/parallel.cppm
   modules/kernels.cppm
   modules/attention.cppm
   modules/decode.cppm
@@ -20,6 +21,8 @@ set(RINGKV_SOURCES
   src/store_slotted.cpp
   src/store_default.cpp
   src/simd.cpp
+  src/parallel.cpp
+  src/decode_split.cpp
   src/kernels.cpp
   src/attention.cpp
   src/attention_prefill.cpp

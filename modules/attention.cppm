@@ -3,6 +3,7 @@
 // ringkv.kernels; nothing is copied or allocated per step. decode_step_gathered is the path for
 // callers that want one contiguous run: it copies K and V into a scope, traced.
 module;
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -18,6 +19,10 @@ struct attention_options {
   /// Receives a kernel_run per call when it wants_kernel_runs(), and the gather path's adapters;
   /// null: no trace.
   trace::sink* sink = nullptr;
+  /// Decode steps are split across it (kernels::decode with a pool: same bits as without);
+  /// null: every step on the calling thread. Not owned; it must outlive the attention object.
+  /// compressed_kv_attention does not use it yet.
+  thread_pool* pool = nullptr;
 };
 
 /// Options of windowed_attention::prefill.
@@ -30,22 +35,37 @@ struct prefill_options {
                            // store's windows, resetting it); null: a local one per call
 };
 
-/// Decode and prefill attention over windows. Stateless apart from its options, so one
-/// object may serve any number of threads at once.
+/// Decode and prefill attention over windows. Without a pool it is stateless apart from
+/// its options, so one object may serve any number of threads at once. With a pool it owns the
+/// scratch of the split's partial states: grown on the first step that needs more (one traced
+/// allocation, "split-decode-scratch", to the sink; reserve() does it up front) and reused, so
+/// warm steps allocate nothing. Concurrent steps on one object stay correct: a step that finds
+/// the scratch in use by another thread's step runs on its own thread instead (same bits), so
+/// for parallel speed give each calling thread its own object (they may share the pool).
 class windowed_attention {
  public:
-  /// No sink; O(1).
+  /// No sink, no pool; O(1).
   windowed_attention() noexcept;
   /// With the given options; O(1).
   explicit windowed_attention(attention_options options) noexcept;
+  /// The same options; the scratch is not copied (the copy grows its own); O(1).
+  windowed_attention(const windowed_attention& other) noexcept;
+  windowed_attention& operator=(const windowed_attention& other) noexcept;
+
+  /// With a pool, sizes the scratch for windows of up to `positions` positions and q_heads ×
+  /// head_dim queries (kernels::split_scratch_floats), so no later such step allocates; without
+  /// one, nothing. Not to be called while another thread runs a step on this object.
+  /// O(scratch) when it grows (one traced allocation), else O(1).
+  void reserve(std::size_t q_heads, std::size_t head_dim, std::size_t positions);
 
   /// One decode step: query/out are [q_heads * head_dim] f32; keys and values the same window
   /// [kv_heads, len, head_dim] (GQA: query head q reads kv head q / (q_heads / kv_heads)); every
   /// position of the window is attended (the caller chooses the window). `scale` 0 means
   /// 1/sqrt(head_dim); `sinks` is empty or one learned sink logit per query head (it adds
   /// e^(sink − max) to the softmax denominator). The result depends only on the positions and
-  /// their rows, never on how the window is split into runs. Throws std::invalid_argument
-  /// (see kernels::check_decode) with `out` untouched. O(len · q_heads · head_dim), no allocation.
+  /// their rows, never on how the window is split into runs or on the pool's size. Throws
+  /// std::invalid_argument (see kernels::check_decode) with `out` untouched.
+  /// O(len · q_heads · head_dim) split across the pool; no allocation once the scratch fits.
   void decode_step(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
                    std::span<float> out, float scale = 0.0f,
                    std::span<const float> sinks = {}) const;
@@ -75,7 +95,14 @@ class windowed_attention {
                             float scale = 0.0f, std::span<const float> sinks = {}) const;
 
  private:
+  /// kernels::decode, across the pool when there is one and the scratch is free.
+  void attend(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+              std::span<float> out, float scale, std::span<const float> sinks) const;
+
   trace::sink* sink_;  // never null: null_sink() when the options gave none
+  thread_pool* pool_;
+  mutable storage scratch_;                   // partial states of a split decode
+  mutable std::atomic_flag scratch_busy_;     // set while a step uses scratch_
 };
 
 /// Decode attention straight from compressed windows (ringkv.quant): no dequantized copy. The

@@ -25,6 +25,7 @@ struct decode_options {
   float scale = 0.0f;                // 0: 1 / sqrt(head_dim)
   std::span<const float> sinks = {}; // learned sink logit per query head, or empty
   bool gather = false;               // copy each window into one run first (traced), to compare
+  thread_pool* pool = nullptr;       // split each step across it (same bits); null: this thread
 };
 
 namespace detail {
@@ -46,13 +47,17 @@ template <class Source>
 generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size_t layer,
                                                 Source tokens, decode_options opts,
                                                 std::size_t window, trace::sink& sink) {
-  const windowed_attention attention(attention_options{&sink});
+  windowed_attention attention(attention_options{&sink, opts.pool});
   scope arena(64, sink);    // grows only for stores whose windows copy (or with .gather)
   std::vector<float> out;   // [q_heads * head_dim], sized by the first token
   for (auto&& item : unwrap(tokens)) {
     const token_qkv& t = item;
     check_token(store, t, opts);
-    if (out.size() != t.q.size()) out.assign(t.q.size(), 0.0f);
+    if (out.size() != t.q.size()) {
+      out.assign(t.q.size(), 0.0f);
+      const std::size_t dim = store.config().head_dim;
+      attention.reserve(t.q.size() / dim, dim, window);  // with a pool: its scratch, once
+    }
     decode_one(store, layer, t, opts, window, attention, arena, out);
     co_yield std::span<const float>(out);
   }

@@ -16,6 +16,7 @@ module;
 #include <string_view>
 export module ringkv.kernels;
 export import ringkv.window;
+export import ringkv.parallel;
 
 export namespace ringkv::kernels {
 
@@ -63,6 +64,26 @@ float check_step(std::string_view caller, std::span<const float> query, std::siz
 /// (as check_decode). O(window · q_heads · head_dim), no allocation.
 void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
             std::span<float> out, float scale = 0.0f, std::span<const float> sinks = {});
+
+/// Floats of scratch the pooled decode() needs for a window of up to `positions` positions (in
+/// any phase and runs) and q_heads × head_dim queries: (positions / segment_positions + 3)
+/// segment states of q_heads · (head_dim + 2) floats; O(1).
+std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim,
+                                 std::size_t positions) noexcept;
+
+/// decode() split across `pool`, with decode()'s bits whatever pool.size() is. With kv_heads a
+/// multiple of the pool's size (or a window within one segment) each task decodes a range of kv
+/// heads straight into `out`; otherwise each task computes one kv head's partial state over one
+/// segment into `scratch`, and the caller's thread merges the segments left to right
+/// (log-sum-exp, natural log) and normalises. One task (a size-1 pool, one kv head within one
+/// segment) runs inline. `scratch` holds at least split_scratch_floats(q_heads, head_dim,
+/// keys.length()) floats and overlaps nothing else. Same checks as check_decode, plus the
+/// scratch's size (std::invalid_argument, `out` untouched); if the pool throws, `out` may be
+/// partly written. O(window · q_heads · head_dim / threads + segments · q_heads · head_dim),
+/// no allocation (the pool's own aside).
+void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            std::span<float> out, float scale, std::span<const float> sinks, thread_pool& pool,
+            std::span<float> scratch);
 
 /// Makes `s` empty: max −inf, sum and acc 0. Throws std::invalid_argument on inconsistent
 /// sizes; O(size).

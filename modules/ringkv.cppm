@@ -3,6 +3,7 @@ export module ringkv;
 export import ringkv.trace;
 export import ringkv.tensor;
 export import ringkv.window;
+export import ringkv.parallel;
 export import ringkv.generator;
 export import ringkv.store;
 export import ringkv.kernels;

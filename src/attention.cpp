@@ -1,5 +1,6 @@
 // ringkv.attention: checks, the optional kernel_run trace, and the gather path around the kernels.
 module;
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -17,12 +18,50 @@ std::size_t window_bytes(const windowed_kv& w) {
   return bytes;
 }
 
+/// Grows `scratch` to hold `floats` floats (one traced allocation) unless it does already.
+void fit(storage& scratch, std::size_t floats, trace::sink& sink) {
+  if (scratch.bytes() < floats * sizeof(float))
+    scratch = storage(floats * sizeof(float), "split-decode-scratch", sink);
+}
+
 }  // namespace
 
-windowed_attention::windowed_attention() noexcept : sink_(&trace::null_sink()) {}
+windowed_attention::windowed_attention() noexcept : windowed_attention(attention_options{}) {}
 
 windowed_attention::windowed_attention(attention_options options) noexcept
-    : sink_(options.sink ? options.sink : &trace::null_sink()) {}
+    : sink_(options.sink ? options.sink : &trace::null_sink()), pool_(options.pool) {}
+
+windowed_attention::windowed_attention(const windowed_attention& other) noexcept
+    : sink_(other.sink_), pool_(other.pool_) {}
+
+windowed_attention& windowed_attention::operator=(const windowed_attention& other) noexcept {
+  sink_ = other.sink_;
+  pool_ = other.pool_;  // the scratch stays: it is sized for windows, not for a pool
+  return *this;
+}
+
+void windowed_attention::reserve(std::size_t q_heads, std::size_t head_dim,
+                                 std::size_t positions) {
+  if (pool_ == nullptr) return;
+  fit(scratch_, kernels::split_scratch_floats(q_heads, head_dim, positions), *sink_);
+}
+
+void windowed_attention::attend(std::span<const float> query, const windowed_kv& keys,
+                                const windowed_kv& values, std::span<float> out, float scale,
+                                std::span<const float> sinks) const {
+  if (pool_ == nullptr || pool_->size() <= 1 ||
+      scratch_busy_.test_and_set(std::memory_order_acquire)) {
+    kernels::decode(query, keys, values, out, scale, sinks);
+    return;
+  }
+  struct release {
+    std::atomic_flag& busy;
+    ~release() { busy.clear(std::memory_order_release); }
+  } const held{scratch_busy_};
+  const std::size_t dim = keys.head_dim();
+  fit(scratch_, kernels::split_scratch_floats(query.size() / dim, dim, keys.length()), *sink_);
+  kernels::decode(query, keys, values, out, scale, sinks, *pool_, scratch_.as<float>());
+}
 
 void windowed_attention::decode_step(std::span<const float> query, const windowed_kv& keys,
                                      const windowed_kv& values, std::span<float> out, float scale,
@@ -33,7 +72,7 @@ void windowed_attention::decode_step(std::span<const float> query, const windowe
   const std::size_t read = window_bytes(keys) + window_bytes(values) + query.size_bytes() +
                            sinks.size_bytes();
   detail::traced(*sink_, "attention.decode_step", read, out.size_bytes(),
-         [&] { kernels::decode(query, keys, values, out, scale, sinks); });
+         [&] { attend(query, keys, values, out, scale, sinks); });
 }
 
 void windowed_attention::decode_step_gathered(std::span<const float> query,
@@ -50,7 +89,7 @@ void windowed_attention::decode_step_gathered(std::span<const float> query,
          copied + out.size_bytes(), [&] {
            const windowed_kv k = keys.gathered(arena, *sink_, "keys");
            const windowed_kv v = values.gathered(arena, *sink_, "values");
-           kernels::decode(query, k, v, out, scale, sinks);
+           attend(query, k, v, out, scale, sinks);
          });
 }
 

@@ -13,6 +13,7 @@ module;
 #include <string_view>
 #include <utility>
 
+#include "decode_split.h"
 #include "simd.h"
 module ringkv.kernels;
 
@@ -198,6 +199,42 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
   const float s = check_decode("ringkv::kernels::decode", query, keys, values, out, scale, sinks);
   simd::decode(problem_of(query, keys, values, s), sinks.empty() ? nullptr : sinks.data(),
                out.data());
+}
+
+std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim,
+                                 std::size_t positions) noexcept {
+  return simd::split_scratch_floats(q_heads, head_dim, positions);
+}
+
+void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
+            std::span<float> out, float scale, std::span<const float> sinks, thread_pool& pool,
+            std::span<float> scratch) {
+  constexpr std::string_view caller = "ringkv::kernels::decode";
+  const float s = check_decode(caller, query, keys, values, out, scale, sinks);
+  const std::size_t q_heads = query.size() / keys.head_dim();
+  const std::size_t need = split_scratch_floats(q_heads, keys.head_dim(), keys.length());
+  if (scratch.size() < need)
+    refuse(caller, "scratch has " + str(scratch.size()) + " floats; split_scratch_floats(" +
+                       str(q_heads) + ", " + str(keys.head_dim()) + ", " + str(keys.length()) +
+                       ") = " + str(need) + " needed");
+  if (overlaps(scratch, out) || overlaps(scratch, query) || overlaps(scratch, sinks))
+    refuse(caller, "scratch overlaps out, query or sinks");
+  const simd::problem p = problem_of(query, keys, values, s);
+  const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
+  const simd::split_plan plan = simd::plan_split(p, pool.size());
+  if (plan.tasks == 1) {
+    simd::decode(p, sink_logits, out.data());
+    return;
+  }
+  // The bound above holds for windows with at most one gap (after pinned sinks, as windowed_kv
+  // allows); this keeps the scratch in bounds whatever a window looks like.
+  if (plan.by_segment && plan.segments.total * q_heads * (keys.head_dim() + 2) > scratch.size())
+    throw std::logic_error(std::string(caller) + ": the window spans more segments than "
+                           "split_scratch_floats allows for");
+  pool.parallel_for(plan.tasks, [&](std::size_t task) {
+    simd::run_split_task(p, plan, task, sink_logits, out.data(), scratch.data());
+  });
+  simd::finish_split(p, plan, sink_logits, out.data(), scratch.data());
 }
 
 void clear(const softmax_state& s) {
