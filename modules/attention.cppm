@@ -81,6 +81,7 @@ class windowed_attention {
   /// A store other than default_kv_cache_store gets exactly that token-by-token loop. Checks
   /// everything first (std::invalid_argument / std::out_of_range naming the argument, cache_full
   /// for a dense store without room) with `out` and the store untouched.
+  /// With a pool the chunk's queries are split across it (same bits).
   /// O(C · W · q_heads · head_dim); no allocation on an f32 store (or with an arena that fits).
   void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
                std::span<const float> keys, std::span<const float> values, std::span<float> out,

@@ -178,13 +178,22 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
     const auto [held_k, held_v] = held_windows(*fast, layer, s.window);
     const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena);
     const tensor_view chunk_v = chunk_view(values, c.value_type, c, s.tokens, arena);
-    for (std::size_t i = 0; i < s.tokens; ++i) {
-      const auto window = seen(length + i, s.window, keep);
-      kernels::decode(queries.subspan(i * s.q_row, s.q_row),
-                      token_window(held_k, chunk_k, length, window),
-                      token_window(held_v, chunk_v, length, window),
-                      out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
-    }
+    // Queries are independent (each its own decode, stack scratch): a pool takes contiguous
+    // ranges of them, several per thread since later queries of a fresh ring see more keys.
+    const std::size_t tasks = pool_ ? std::min(s.tokens, 4 * pool_->size()) : 1;
+    const auto attend_range = [&](std::size_t task) {
+      for (std::size_t i = task * s.tokens / tasks; i < (task + 1) * s.tokens / tasks; ++i) {
+        const auto window = seen(length + i, s.window, keep);
+        kernels::decode(queries.subspan(i * s.q_row, s.q_row),
+                        token_window(held_k, chunk_k, length, window),
+                        token_window(held_v, chunk_v, length, window),
+                        out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
+      }
+    };
+    if (tasks > 1)
+      pool_->parallel_for(tasks, attend_range);
+    else
+      attend_range(0);
     for (std::size_t i = 0; i < s.tokens; ++i)
       store.append(layer, keys.subspan(i * s.kv_row, s.kv_row),
                    values.subspan(i * s.kv_row, s.kv_row));

@@ -366,3 +366,28 @@ BOOST_AUTO_TEST_CASE(an_empty_chunk_changes_nothing) {
   attention.prefill(store, 0, {}, {}, {}, {});
   BOOST_TEST(store.length(0) == 0u);
 }
+
+BOOST_AUTO_TEST_CASE(prefill_across_1_2_3_and_8_threads_gives_the_same_bits_and_allocates_nothing) {
+  const std::size_t w = 64;
+  const prompt p(300, 2, 31);
+  std::vector<float> sinks(q_heads, 0.5f);
+  auto reference_store = ring(2, w, 2);
+  const auto want = prefilled(reference_store, p, 0, 300, {.sinks = sinks});
+  for (const std::size_t threads : {1u, 2u, 3u, 8u}) {
+    ringkv::default_thread_pool pool(threads);
+    trace::recorder rec(64);
+    const ringkv::windowed_attention attention(ringkv::attention_options{&rec, &pool});
+    auto store = ring(2, w, 2);
+    std::vector<float> out(300 * p.q_row);
+    attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100),
+                      std::span<float>(out).first(100 * p.q_row), {.sinks = sinks});
+    const ringkv_test::new_counter counter;
+    attention.prefill(store, 0, p.qs(100, 200), p.ks(100, 200), p.vs(100, 200),
+                      std::span<float>(out).subspan(100 * p.q_row), {.sinks = sinks});
+    BOOST_TEST_INFO("threads " << threads);
+    BOOST_TEST(counter.calls() == 0u);
+    BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+    BOOST_TEST(same_bits(out, want));
+    BOOST_TEST(same_store(store, reference_store));
+  }
+}

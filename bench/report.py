@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The decode benchmark report: reads attention_bench's JSON (scripts/bench) and writes the
+markdown tables of bench/README.md to stdout and, with --plot DIR, gnuplot data + an SVG of
+µs per decode step and GB/s against W.
+
+Every variant reports `kv_bytes` (the unique K+V bytes one step must read, in its own encoding)
+and `x_roof` (its time over a streaming read of those bytes measured in the same run)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+# ggml's CPU flash attention on this machine type, hot cache, 8 query heads (issues 4 and 8),
+# µs per step: (D, W, kv_heads, type) -> (1 thread, 2 threads).
+GGML_US = {
+    (128, 4096, 8, "f32"): (1172.5, 669.6),
+    (128, 4096, 2, "f32"): (1140.9, 573.1),
+    (128, 4096, 8, "f16"): (717.0, 558.7),
+    (128, 256, 8, "f32"): (51.6, 30.4),
+    (64, 4096, 8, "f16"): (705.0, 408.1),
+    (128, 32768, 8, "f32"): (22069.7, 12865.1),
+}
+
+# (variant name in the JSON, column label, threads, ggml type to compare with)
+VARIANTS = [
+    ("pair", "ringkv f32", 1, "f32"),
+    ("gathered", "gather + attend f32", 1, None),
+    ("f16", "ringkv f16", 1, "f16"),
+    ("bf16", "ringkv bf16", 1, None),
+    ("tq4", "ringkv 4-bit", 1, None),
+    ("scalar", "scalar two-pass f32", 1, None),
+    ("pair_t2", "ringkv f32", 2, "f32"),
+    ("f16_t2", "ringkv f16", 2, "f16"),
+]
+
+
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    runs = {}
+    for b in doc["benchmarks"]:
+        # With repetitions keep the fastest ("min" aggregate); without, the single run.
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "min":
+            continue
+        m = re.match(r"decode/D:(\d+)/W:(\d+)/kv:(\d+)/(\w+)", b["name"])
+        if not m:
+            continue
+        key = (int(m[1]), int(m[2]), int(m[3]), m[4])
+        if b.get("run_type") == "aggregate" or key not in runs:
+            runs[key] = b
+    return doc.get("context", {}), runs
+
+
+def micros(b):
+    return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+
+
+def cell(b, ggml=None):
+    if not b:
+        return "–"
+    t = micros(b)
+    text = f"{t:,.1f} ({b['x_roof']:.2f}×, {b['kv_bytes'] / t / 1e3:.0f} GB/s)"
+    if ggml:
+        text += f" **{ggml / t:.1f}× ggml**"
+    return text
+
+
+def table(runs, threads):
+    shapes = sorted({k[:3] for k in runs}, key=lambda s: (s[0], s[1], -s[2]))
+    cols = [v for v in VARIANTS if v[2] == threads and any(k[3] == v[0] for k in runs)]
+    lines = ["| D | W | kv | f32 K+V MB | roof µs (GB/s) | " +
+             " | ".join(f"{label} µs (× roof, GB/s)" for _, label, _, _ in cols) + " | ggml f32 / f16 µs |",
+             "| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: |"]
+    for d, w, kv in shapes:
+        roof = runs.get((d, w, kv, "roof"))
+        if not roof:
+            continue
+        ggml = {t: GGML_US.get((d, w, kv, t)) for t in ("f32", "f16")}
+        cells = []
+        for name, _, thr, gtype in cols:
+            g = ggml.get(gtype) if gtype else None
+            cells.append(cell(runs.get((d, w, kv, name)), g[thr - 1] if g else None))
+        ggml_text = " / ".join(f"{g[threads - 1]:,.0f}" if g else "–" for g in ggml.values())
+        lines.append(f"| {d} | {w} | {kv} | {roof['kv_bytes'] / 1e6:.1f} | "
+                     f"{micros(roof):,.1f} ({roof['kv_bytes'] / micros(roof) / 1e3:.0f}) | "
+                     + " | ".join(cells) + f" | {ggml_text} |")
+    return "\n".join(lines)
+
+
+def plot(runs, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    series = [("roof", "roof (streaming read)")] + [(v[0], f"{v[1]}, {v[2]} thread{'s' if v[2] > 1 else ''}")
+                                                   for v in VARIANTS]
+    series = [s for s in series if any(k[3] == s[0] for k in runs)]
+    panels = sorted({(k[0], k[2]) for k in runs}, key=lambda p: (p[0], -p[1]))
+    data = os.path.join(out_dir, "decode.dat")
+    with open(data, "w") as f:
+        for d, kv in panels:
+            for name, _ in series:
+                f.write(f"# D={d} kv={kv} {name}\n")
+                for w in sorted({k[1] for k in runs if k[0] == d and k[2] == kv}):
+                    b = runs.get((d, w, kv, name))
+                    if b:
+                        f.write(f"{w} {micros(b)} {b['kv_bytes'] / micros(b) / 1e3}\n")
+                f.write("\n\n")
+    script = [f'set terminal svg size 1400,{560 * 2} dynamic font "sans,11"',
+              f'set output "{os.path.join(out_dir, "decode.svg")}"',
+              f"set multiplot layout 2,{len(panels)} title 'one decode step, 8 query heads (ringkv bench/attention\\_bench)'",
+              "set logscale x 2", "set key top left font ',9'", "set grid"]
+    for metric, col, ylabel in (("time", 2, "µs per step (log)"), ("bandwidth", 3, "unique K+V GB/s")):
+        for i, (d, kv) in enumerate(panels):
+            script.append(f"set title 'D={d}, kv\\_heads={kv}: {metric}'")
+            script.append("set logscale y" if col == 2 else "unset logscale y")
+            script.append(f"set xlabel 'W (positions)'; set ylabel '{ylabel}'")
+            plots = []
+            for j, (name, label) in enumerate(series):
+                index = i * len(series) + j
+                plots.append(f"'{data}' index {index} using 1:{col} with linespoints title '{label}'")
+            script.append("plot " + ", \\\n  ".join(plots))
+    script.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
+    return os.path.join(out_dir, "decode.svg")
+
+
+def main(argv):
+    path = argv[1] if len(argv) > 1 and not argv[1].startswith("--") else "build/bench/attention.json"
+    context, runs = load(path)
+    print(f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, load average "
+          f"{[round(x, 2) for x in context.get('load_avg', [])]}; fastest of the repetitions. Cells: µs per "
+          "step (time over the streaming read of the variant's own bytes in the same run, unique bytes "
+          "per second); bold: speed-up over ggml's figure for the same shape and thread count.\n")
+    print("### 1 thread\n")
+    print(table(runs, 1))
+    if any(k[3].endswith("_t2") for k in runs):
+        print("\n### 2 threads\n")
+        print(table(runs, 2))
+    if "--plot" in argv:
+        print(f"\n![decode step vs W]({os.path.relpath(plot(runs, argv[argv.index('--plot') + 1]), 'bench')})")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
