@@ -37,27 +37,37 @@ def main(path):
     print(f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, "
           f"load average {context.get('load_avg', '?')}; times are the fastest repetition.\n")
     print("| D | W | kv heads | K+V MB | roof µs (GB/s) | ringkv pair µs (× roof, GB/s) "
-          "| gather + attend µs (× roof) | scalar two-pass µs (× roof) | ggml µs |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| gather + attend µs (× roof) | scalar two-pass µs (× roof) | ggml µs "
+          "| 2-byte roof µs (GB/s) | f16 pair µs (× 2-byte roof, × f32 pair) "
+          "| bf16 pair µs (× 2-byte roof, × f32 pair) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    variants = ("roof", "pair", "gathered", "scalar", "roof16", "pair_f16", "pair_bf16")
     for d, w, kv in shapes:
-        row = {v: runs.get((d, w, kv, v)) for v in ("roof", "pair", "gathered", "scalar")}
+        row = {v: runs.get((d, w, kv, v)) for v in variants}
         if not row["roof"]:
             continue
         kv_bytes = row["roof"]["kv_bytes"]
-        roof = micros(row["roof"])
 
-        def cell(v, gbps=False):
-            b = row[v]
-            if not b:
+        def cell(v, gbps=False, against="roof", versus=None):
+            b, r = row[v], row[against]
+            if not b or not r:
                 return "–"
             t = micros(b)
-            extra = f", {kv_bytes / t / 1e3:.0f}" if gbps else ""
-            return f"{t:,.1f} ({t / roof:.2f}×{extra})"
+            extra = f", {r['kv_bytes'] / t / 1e3:.0f}" if gbps else ""
+            if versus and row[versus]:
+                extra += f", {t / micros(row[versus]):.2f}×"
+            return f"{t:,.1f} ({t / micros(r):.2f}×{extra})"
+
+        def roof_cell(v):
+            b = row[v]
+            return f"{micros(b):,.1f} ({b['kv_bytes'] / micros(b) / 1e3:.0f})" if b else "–"
 
         ggml = GGML_US.get((d, w, kv))
-        print(f"| {d} | {w} | {kv} | {kv_bytes / 1e6:.1f} | {roof:,.1f} ({kv_bytes / roof / 1e3:.0f}) "
+        print(f"| {d} | {w} | {kv} | {kv_bytes / 1e6:.1f} | {roof_cell('roof')} "
               f"| {cell('pair', True)} | {cell('gathered')} | {cell('scalar')} "
-              f"| {f'{ggml:,.0f}' if ggml else '–'} |")
+              f"| {f'{ggml:,.0f}' if ggml else '–'} | {roof_cell('roof16')} "
+              f"| {cell('pair_f16', against='roof16', versus='pair')} "
+              f"| {cell('pair_bf16', against='roof16', versus='pair')} |")
 
 
 if __name__ == "__main__":
