@@ -1,16 +1,22 @@
-// One decode step, one thread, f32 K/V, 8 query heads over 8 or 2 kv heads, head_dim 64/128,
-// windows of 256, 4096 and 32768 positions. Variants, measured in the same run:
-//   roof      a streaming read of the same K+V bytes (nothing can attend them faster)
+// One decode step, one thread, 8 query heads over 8 or 2 kv heads, head_dim 64/128, windows of
+// 256, 4096 and 32768 positions. Variants, measured in the same run:
+//   roof      a streaming read of the same f32 K+V bytes (nothing can attend them faster)
 //   pair      ringkv: windowed_attention::decode_step over a wrapped ring (the window's two runs)
-//   pair2     pair split across a default_thread_pool of 2 threads (the caller and one worker)
+//   pair2     pair split across a default_thread_pool of 2 threads (the caller and one worker);
+//             roof2 / roof16_2 are the streaming reads split the same way, its x_roof's base
 //   gathered  ringkv: decode_step_gathered (copy both runs into a scope, then attend one run)
 //   scalar    a plain two-pass softmax (scores, then exp and V) per query head, scalar code
-// Counters: bytes_per_second = unique K+V bytes per step / time; x_roof = time / roof time.
+//   roof16    a streaming read of the same K+V stored at 2 bytes an element (f16 or bf16)
+//   pair_f16, pair_bf16, pair2_f16  the pair path over K/V stored as f16 / bf16 (promoted in registers,
+//             f32 accumulation); their x_roof is against roof16
+// Counters: bytes_per_second = unique K+V bytes (as stored) per step / time; x_roof = time /
+// the roof time of the same bytes.
 // Run through scripts/bench (release build, JSON in build/bench/attention.json).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -31,12 +37,37 @@ namespace {
 
 using ringkv::windowed_kv;
 
+using ringkv::dtype;
+
 struct shape {
   std::size_t dim, window, kv_heads;
+  dtype type = dtype::f32;  // how K and V are stored
+  std::size_t threads = 1;  // 2: the step (and its roof) split across a default_thread_pool(2)
   static constexpr std::size_t q_heads = 8;
-  auto key() const { return std::tuple(dim, window, kv_heads); }
-  std::size_t kv_bytes() const { return 2 * kv_heads * window * dim * sizeof(float); }
+  auto key() const { return std::tuple(dim, window, kv_heads, type); }
+  std::size_t kv_bytes() const { return 2 * kv_heads * window * dim * ringkv::size_of(type); }
 };
+
+/// x in [-1, 1) as the bits of `type` (f16: x truncated to 10 fraction bits, ±2^-14 below
+/// that, so the roof's f32 view of the bytes holds no subnormals; bf16: the top half of its f32
+/// bits). Benchmark data, not a conversion to rely on.
+std::uint16_t half_bits(float x, dtype type) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+  if (type == dtype::bf16) return std::uint16_t(b >> 16);
+  const std::uint32_t exponent = (b >> 23) & 0xff;
+  if (exponent < 127 - 14) return std::uint16_t(((b >> 16) & 0x8000) | 0x0400);
+  return std::uint16_t(((b >> 16) & 0x8000) | ((exponent - 112) << 10) | ((b >> 13) & 0x3ff));
+}
+
+/// Fills `st` with values in [-1, 1) from `next`, stored as `type`.
+template <class Next>
+void fill(ringkv::storage& st, dtype type, Next& next) {
+  if (type == dtype::f32) {
+    for (float& f : st.as<float>()) f = next();
+    return;
+  }
+  for (std::uint16_t& h : st.as<std::uint16_t>()) h = half_bits(next(), type);
+}
 
 /// One layer's K and V as the store lays them out, [kv_heads][capacity = W][head_dim] each, after
 /// 3.5 laps: the window of the newest W positions starts mid-ring, so it is two runs.
@@ -47,8 +78,8 @@ class wrapped_layer {
         query_(s.q_heads * s.dim), out_(s.q_heads * s.dim), scores_(s.window) {
     std::uint32_t x = 12345;
     auto next = [&x] { return (x = x * 1664525u + 1013904223u) * 0x1.0p-31f - 1.0f; };
-    for (float& f : k_.as<float>()) f = next();
-    for (float& f : v_.as<float>()) f = next();
+    fill(k_, s.type, next);
+    fill(v_, s.type, next);
     for (float& f : query_) f = 2.0f * next();
   }
   windowed_kv keys() { return window(k_); }
@@ -61,10 +92,10 @@ class wrapped_layer {
 
  private:
   windowed_kv window(ringkv::storage& st) {
-    const std::size_t w = s_.window, half = w / 2, d = s_.dim, row = d * sizeof(float);
-    const ringkv::tensor_view head(st.data() + half * row, ringkv::dtype::f32, s_.kv_heads,
-                                   w - half, d, w * d, d);  // slots [W/2, W)
-    const ringkv::tensor_view tail(st.data(), ringkv::dtype::f32, s_.kv_heads, half, d, w * d,
+    const std::size_t w = s_.window, half = w / 2, d = s_.dim, row = d * ringkv::size_of(s_.type);
+    const ringkv::tensor_view head(st.data() + half * row, s_.type, s_.kv_heads, w - half, d,
+                                   w * d, d);  // slots [W/2, W)
+    const ringkv::tensor_view tail(st.data(), s_.type, s_.kv_heads, half, d, w * d,
                                    d);  // slots [0, W/2)
     return windowed_kv(head, tail, 3 * w - half);  // positions [2.5 W, 3.5 W)
   }
@@ -80,7 +111,7 @@ class wrapped_layer {
 /// at a time keeps the largest shapes' 256 MB from piling up).
 wrapped_layer& layer_for(shape s) {
   static std::unique_ptr<wrapped_layer> layer;
-  static std::tuple<std::size_t, std::size_t, std::size_t> current;
+  static std::tuple<std::size_t, std::size_t, std::size_t, dtype> current;
   if (!layer || current != s.key()) {
     layer.reset();
     layer = std::make_unique<wrapped_layer>(s);
@@ -89,25 +120,45 @@ wrapped_layer& layer_for(shape s) {
   return *layer;
 }
 
-float read_roof(wrapped_layer& l) {
+/// The pool of the two-thread variants (the caller and one worker).
+ringkv::default_thread_pool& pool_of_two() {
+  static ringkv::default_thread_pool pool(2);
+  return pool;
+}
+
+/// Reads every byte of the layer's K and V (as floats, whatever they hold); with 2 threads each
+/// reads half of K and half of V.
+float read_roof(wrapped_layer& l, std::size_t threads) {
   const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
-  return ringkv_bench::stream_read(k.data(), k.size()) + ringkv_bench::stream_read(v.data(), v.size());
+  if (threads == 1)
+    return ringkv_bench::stream_read(k.data(), k.size()) +
+           ringkv_bench::stream_read(v.data(), v.size());
+  float sums[2] = {};
+  pool_of_two().parallel_for(2, [&](std::size_t t) {
+    const std::size_t half = k.size() / 2, from = t * half, n = t ? k.size() - half : half;
+    sums[t] = ringkv_bench::stream_read(k.data() + from, n) +
+              ringkv_bench::stream_read(v.data() + from, n);
+  });
+  return sums[0] + sums[1];
 }
 
 /// Nanoseconds of the roof for this shape: the fastest of several timed batches, measured once.
 double roof_nanos(shape s) {
-  static std::map<std::tuple<std::size_t, std::size_t, std::size_t>, double> cache;
-  if (auto it = cache.find(s.key()); it != cache.end()) return it->second;
+  // Keyed by the bytes read: f16 and bf16 rows share one roof.
+  static std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>,
+                  double> cache;
+  const auto key = std::tuple(s.dim, s.window, s.kv_heads, ringkv::size_of(s.type), s.threads);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
   wrapped_layer& l = layer_for(s);
   const std::size_t batch = std::max<std::size_t>(1, (std::size_t(64) << 20) / s.kv_bytes());
   double best = std::numeric_limits<double>::infinity();
   for (int rep = 0; rep < 15; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < batch; ++i) benchmark::DoNotOptimize(read_roof(l));
+    for (std::size_t i = 0; i < batch; ++i) benchmark::DoNotOptimize(read_roof(l, s.threads));
     const std::chrono::duration<double, std::nano> dt = std::chrono::steady_clock::now() - t0;
     best = std::min(best, dt.count() / double(batch));
   }
-  return cache[s.key()] = best;
+  return cache[key] = best;
 }
 
 /// Runs `step` as the benchmark loop and sets the counters every variant reports.
@@ -127,7 +178,7 @@ void measure(benchmark::State& state, shape s, Step&& step) {
 
 void roof(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);
-  measure(state, s, [&] { benchmark::DoNotOptimize(read_roof(l)); });
+  measure(state, s, [&] { benchmark::DoNotOptimize(read_roof(l, s.threads)); });
 }
 
 void pair(benchmark::State& state, shape s) {
@@ -139,9 +190,8 @@ void pair(benchmark::State& state, shape s) {
 }
 
 void pair2(benchmark::State& state, shape s) {
-  static ringkv::default_thread_pool pool(2);
   wrapped_layer& l = layer_for(s);
-  const ringkv::windowed_attention attention(ringkv::attention_options{.pool = &pool});
+  const ringkv::windowed_attention attention(ringkv::attention_options{.pool = &pool_of_two()});
   const windowed_kv k = l.keys(), v = l.values();
   state.SetLabel(std::string(ringkv::kernels::target_name()));
   attention.decode_step(l.query(), k, v, l.out());  // grows the split scratch once
@@ -206,16 +256,27 @@ double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  using variant = std::tuple<const char*, void (*)(benchmark::State&, shape), dtype, std::size_t>;
+  // roof16 reads the f16 layer: f16 and bf16 rows are the same bytes.
+  constexpr std::array<variant, 11> variants{{{"roof", roof, dtype::f32, 1},
+                                              {"pair", pair, dtype::f32, 1},
+                                              {"gathered", gathered, dtype::f32, 1},
+                                              {"scalar", scalar, dtype::f32, 1},
+                                              {"roof2", roof, dtype::f32, 2},
+                                              {"pair2", pair2, dtype::f32, 2},
+                                              {"roof16", roof, dtype::f16, 1},
+                                              {"pair_f16", pair, dtype::f16, 1},
+                                              {"roof16_2", roof, dtype::f16, 2},
+                                              {"pair2_f16", pair2, dtype::f16, 2},
+                                              {"pair_bf16", pair, dtype::bf16, 1}}};
   for (std::size_t dim : {64, 128})
     for (std::size_t window : {256, 4096, 32768})
       for (std::size_t kv : {8, 2}) {
-        const shape s{dim, window, kv};
         const std::string name = "decode/D:" + std::to_string(dim) + "/W:" + std::to_string(window) +
                                  "/kv:" + std::to_string(kv) + "/";
-        for (auto [variant, fn] : std::array<std::pair<const char*, void (*)(benchmark::State&, shape)>, 5>{
-                 {{"roof", roof}, {"pair", pair}, {"pair2", pair2}, {"gathered", gathered},
-                  {"scalar", scalar}}})
-          benchmark::RegisterBenchmark((name + variant).c_str(), fn, s)
+        for (const auto& [label, fn, type, threads] : variants)
+          benchmark::RegisterBenchmark((name + label).c_str(), fn,
+                                       shape{dim, window, kv, type, threads})
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime()
               ->ComputeStatistics("min", fastest);

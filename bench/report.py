@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""The decode benchmark report: reads attention_bench's JSON (scripts/bench) and writes the
-markdown tables of bench/README.md to stdout and, with --plot DIR, gnuplot data + an SVG of
-µs per decode step and GB/s against W.
+"""The decode benchmark report (scripts/bench): reads attention_bench's JSON and, optionally,
+compressed_attention_bench's (its 4-bit TurboQuant variant), and writes the markdown tables of
+bench/README.md to stdout and, with --plot DIR, gnuplot data + an SVG of µs per decode step and
+GB/s against W.
 
-Every variant reports `kv_bytes` (the unique K+V bytes one step must read, in its own encoding)
-and `x_roof` (its time over a streaming read of those bytes measured in the same run)."""
+    report.py ATTENTION_JSON [--compressed COMPRESSED_JSON] [--plot DIR]
+
+attention_bench's variants report `kv_bytes` (the unique K+V bytes one step must read, as
+stored) and `x_roof` (time over a streaming read of those bytes, same thread count, same run)."""
 import json
 import os
 import re
@@ -26,30 +29,46 @@ GGML_US = {
 VARIANTS = [
     ("pair", "ringkv f32", 1, "f32"),
     ("gathered", "gather + attend f32", 1, None),
-    ("f16", "ringkv f16", 1, "f16"),
-    ("bf16", "ringkv bf16", 1, None),
-    ("tq4", "ringkv 4-bit", 1, None),
+    ("pair_f16", "ringkv f16", 1, "f16"),
+    ("pair_bf16", "ringkv bf16", 1, None),
+    ("tq4", "ringkv 4-bit TurboQuant", 1, None),
     ("scalar", "scalar two-pass f32", 1, None),
-    ("pair_t2", "ringkv f32", 2, "f32"),
-    ("f16_t2", "ringkv f16", 2, "f16"),
+    ("pair2", "ringkv f32", 2, "f32"),
+    ("pair2_f16", "ringkv f16", 2, "f16"),
 ]
+ROOF = {1: "roof", 2: "roof2"}
 
 
-def load(path):
+def load(path, pattern, key_of, runs):
+    """Adds the runs of `path` whose names match `pattern` to runs[key_of(match)]; returns the
+    JSON's context. With repetitions the fastest ("min" aggregate) is kept."""
     with open(path) as f:
         doc = json.load(f)
-    runs = {}
     for b in doc["benchmarks"]:
-        # With repetitions keep the fastest ("min" aggregate); without, the single run.
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "min":
             continue
-        m = re.match(r"decode/D:(\d+)/W:(\d+)/kv:(\d+)/(\w+)", b["name"])
-        if not m:
+        m = re.match(pattern, b["name"])
+        if not m or key_of(m) is None:
             continue
-        key = (int(m[1]), int(m[2]), int(m[3]), m[4])
+        key = key_of(m)
         if b.get("run_type") == "aggregate" or key not in runs:
             runs[key] = b
-    return doc.get("context", {}), runs
+    return doc.get("context", {})
+
+
+def load_attention(path, runs):
+    return load(path, r"decode/D:(\d+)/W:(\d+)/kv:(\d+)/(\w+)",
+                lambda m: (int(m[1]), int(m[2]), int(m[3]), m[4]), runs)
+
+
+def load_compressed(path, runs):
+    """compressed_attention_bench's variant 1 (TurboQuant 4-bit keys and values) as "tq4", its
+    bytes from the store's bytes_per_token; no roof of its own (x_roof left out)."""
+    before = set(runs)
+    load(path, r"decode_step/variant:(\d+)/dim:(\d+)/window:(\d+)/kv_heads:(\d+)",
+         lambda m: (int(m[2]), int(m[3]), int(m[4]), "tq4") if m[1] == "1" else None, runs)
+    for key in set(runs) - before:
+        runs[key]["kv_bytes"] = runs[key]["bytes_per_token"] * key[1]
 
 
 def micros(b):
@@ -60,7 +79,8 @@ def cell(b, ggml=None):
     if not b:
         return "–"
     t = micros(b)
-    text = f"{t:,.1f} ({b['x_roof']:.2f}×, {b['kv_bytes'] / t / 1e3:.0f} GB/s)"
+    ratio = f"{b['x_roof']:.2f}×, " if "x_roof" in b else ""
+    text = f"{t:,.1f} ({ratio}{b['kv_bytes'] / t / 1e3:.0f} GB/s)"
     if ggml:
         text += f" **{ggml / t:.1f}× ggml**"
     return text
@@ -73,7 +93,7 @@ def table(runs, threads):
              " | ".join(f"{label} µs (× roof, GB/s)" for _, label, _, _ in cols) + " | ggml f32 / f16 µs |",
              "| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: |"]
     for d, w, kv in shapes:
-        roof = runs.get((d, w, kv, "roof"))
+        roof = runs.get((d, w, kv, ROOF[threads]))
         if not roof:
             continue
         ggml = {t: GGML_US.get((d, w, kv, t)) for t in ("f32", "f16")}
@@ -90,7 +110,7 @@ def table(runs, threads):
 
 def plot(runs, out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    series = [("roof", "roof (streaming read)")] + [(v[0], f"{v[1]}, {v[2]} thread{'s' if v[2] > 1 else ''}")
+    series = [("roof", "roof f32 (streaming read), 1 thread"), ("roof2", "roof f32, 2 threads")] + [(v[0], f"{v[1]}, {v[2]} thread{'s' if v[2] > 1 else ''}")
                                                    for v in VARIANTS]
     series = [s for s in series if any(k[3] == s[0] for k in runs)]
     panels = sorted({(k[0], k[2]) for k in runs}, key=lambda p: (p[0], -p[1]))
@@ -125,14 +145,18 @@ def plot(runs, out_dir):
 
 def main(argv):
     path = argv[1] if len(argv) > 1 and not argv[1].startswith("--") else "build/bench/attention.json"
-    context, runs = load(path)
+    runs = {}
+    context = load_attention(path, runs)
+    if "--compressed" in argv:
+        load_compressed(argv[argv.index("--compressed") + 1], runs)
     print(f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, load average "
           f"{[round(x, 2) for x in context.get('load_avg', [])]}; fastest of the repetitions. Cells: µs per "
-          "step (time over the streaming read of the variant's own bytes in the same run, unique bytes "
-          "per second); bold: speed-up over ggml's figure for the same shape and thread count.\n")
+          "step (× its time over a streaming read of the variant's own bytes with as many threads, same run; "
+          "unique bytes per second); bold: speed-up over ggml's figure for the same shape and threads. "
+          "roof: the f32 bytes' streaming read.\n")
     print("### 1 thread\n")
     print(table(runs, 1))
-    if any(k[3].endswith("_t2") for k in runs):
+    if any(k[3].startswith("pair2") for k in runs):
         print("\n### 2 threads\n")
         print(table(runs, 2))
     if "--plot" in argv:

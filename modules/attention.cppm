@@ -59,8 +59,9 @@ class windowed_attention {
   void reserve(std::size_t q_heads, std::size_t head_dim, std::size_t positions);
 
   /// One decode step: query/out are [q_heads * head_dim] f32; keys and values the same window
-  /// [kv_heads, len, head_dim] (GQA: query head q reads kv head q / (q_heads / kv_heads)); every
-  /// position of the window is attended (the caller chooses the window). `scale` 0 means
+  /// [kv_heads, len, head_dim] of one dtype, f32, f16 or bf16 (always accumulated in f32) (GQA:
+  /// query head q reads kv head q / (q_heads / kv_heads)); every position of the window is
+  /// attended (the caller chooses the window). `scale` 0 means
   /// 1/sqrt(head_dim); `sinks` is empty or one learned sink logit per query head (it adds
   /// e^(sink − max) to the softmax denominator). The result depends only on the positions and
   /// their rows, never on how the window is split into runs or on the pool's size. Throws

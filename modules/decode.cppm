@@ -68,7 +68,8 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
 /// appends k, v at the next position (overwriting the oldest of a full ring), attends q over its
 /// window and yields the output row, valid until the next increment. O(window * heads * head_dim)
 /// per token; no heap allocation per token after the first on the default store. An lvalue range
-/// is referenced, an rvalue one moved into the stream. Options are checked here, at the call.
+/// is referenced, an rvalue one moved into the stream. Options are checked here, at the call
+/// (also that the store's key_type and value_type agree: f32, f16 or bf16, one dtype for both).
 template <class Tokens>
 generator<std::span<const float>> decode(kv_cache_store& store, std::size_t layer,
                                          Tokens&& tokens, decode_options options = {},

@@ -44,7 +44,7 @@ float dot(std::span<const float> a, std::span<const float> b);
 /// Checks a decode step's arguments and returns the scale to use (`scale` = 0 → 1/sqrt(head_dim)).
 /// Throws std::invalid_argument, message starting with `caller` and naming the argument and the
 /// limit: an empty window; keys and values that differ in positions, heads, head_dim or dtype;
-/// a dtype other than f32; head_dim > max_head_dim; query not [q_heads * head_dim] with q_heads
+/// head_dim > max_head_dim; query not [q_heads * head_dim] with q_heads
 /// a multiple of kv_heads; out not the query's size or overlapping query/sinks; sinks neither
 /// empty nor [q_heads] or NaN; scale negative or not finite. O(q_heads + runs), no allocation
 /// unless it throws.
@@ -60,7 +60,8 @@ float check_step(std::string_view caller, std::span<const float> query, std::siz
 
 /// One decode step: out [q_heads * head_dim] = softmax(query · K^T · scale (+ sink)) · V over all
 /// the window's positions, query head q reading kv head q / (q_heads / kv_heads), each K and V
-/// row loaded once per group. `out` is the accumulator; it is written only after every check
+/// row loaded once per group. K/V rows may be f32, f16 or bf16 (promoted to f32 in registers;
+/// f32 accumulation). `out` is the accumulator; it is written only after every check
 /// (as check_decode). O(window · q_heads · head_dim), no allocation.
 void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
             std::span<float> out, float scale = 0.0f, std::span<const float> sinks = {});

@@ -19,6 +19,10 @@ std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const d
                             std::to_string(c.layers));
   const std::size_t window = resolve_window(store, o.window, "ringkv::decode");
   if (o.scale < 0.0f || o.scale != o.scale) refuse("scale must be >= 0 (0: 1/sqrt(head_dim))");
+  // The kernels take one dtype for K and V; refused here, not after a token was appended.
+  if (c.key_type != c.value_type)
+    refuse("the store's keys are " + std::string(name_of(c.key_type)) + " but values are " +
+           std::string(name_of(c.value_type)) + "; attention needs one dtype for both");
   return window;
 }
 

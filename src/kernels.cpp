@@ -68,7 +68,7 @@ bool overlaps(std::span<const float> a, std::span<const float> b) {
          before(b.data(), a.data() + a.size());
 }
 
-/// Keys and values describe the same positions with the same geometry and a supported dtype.
+/// Keys and values describe the same positions with the same geometry and dtype.
 void check_windows(std::string_view caller, const windowed_kv& keys, const windowed_kv& values) {
   if (keys.length() != values.length())
     refuse(caller, "keys hold " + str(keys.length()) + " positions but values hold " +
@@ -87,9 +87,6 @@ void check_windows(std::string_view caller, const windowed_kv& keys, const windo
   const intervals kp = positions_of(keys), vp = positions_of(values);
   if (!(kp == vp))
     refuse(caller, "keys cover positions " + describe(kp) + " but values cover " + describe(vp));
-  if (keys.type() != dtype::f32)
-    refuse(caller, "keys and values are " + std::string(name_of(keys.type())) +
-                       "; only f32 rows have a kernel so far");
   if (keys.head_dim() > max_head_dim)
     refuse(caller, "head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
                        str(max_head_dim));

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "simd.h"
@@ -37,9 +39,9 @@ HWY_INLINE void StorePartial(DF d, VF v, float* p, std::size_t n) {
   std::memcpy(p, lanes, n * sizeof(float));
 }
 
-/// Reads K/V rows stored as T as f32 vectors. Kernels only ever read rows through this, so an
-/// f16/bf16 row type is one more specialisation (a half-width load and PromoteTo), with f32
-/// accumulation unchanged.
+/// Reads K/V rows stored as T as f32 vectors. Kernels only ever read rows through this, so f16
+/// and bf16 rows are specialisations (a half-width load and PromoteTo), with f32 accumulation
+/// unchanged.
 template <class T>
 struct row_loader;
 
@@ -55,6 +57,53 @@ struct row_loader<float> {
     return LoadPartial(d, reinterpret_cast<const float*>(row) + i, n);
   }
 };
+
+/// f16 and bf16 rows: a half-width load of the elements' bits, promoted to f32 in registers
+/// (exact: every f16 and bf16 value is an f32), so the arithmetic after the load is the f32
+/// path's. bf16 widens u16 to u32 and shifts left 16 (Highway's PromoteTo); f16 uses F16C on
+/// x86 targets from AVX2 up and Highway's emulation elsewhere, which reads the all-ones
+/// exponent (±Inf, NaN) as a finite number, so those lanes are mended here: an f16 store keeps
+/// ±Inf for a finite input too large for f16 (README "NaN and Inf"), and every target must read
+/// it as read_keys does.
+template <class T>
+struct half_row_loader {
+  using type = T;
+  using DU = hn::Rebind<std::uint16_t, DF>;
+
+  static HWY_INLINE VF promote(DF d, hn::Vec<DU> bits) {
+    const hn::Rebind<T, DF> dh;
+    const VF f = hn::PromoteTo(d, hn::BitCast(dh, bits));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+    return f;
+#else
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+      return f;
+    } else {
+      const hn::RebindToUnsigned<DF> du32;
+      const auto exponent = hn::And(hn::PromoteTo(du32, bits), hn::Set(du32, 0x7c00u));
+      const auto special = hn::RebindMask(d, hn::Eq(exponent, hn::Set(du32, 0x7c00u)));
+      // The emulation gives f32 exponent 31 + 112 there; all ones makes it ±Inf or the NaN.
+      const VF mended = hn::BitCast(d, hn::Or(hn::BitCast(du32, f), hn::Set(du32, 0x7f800000u)));
+      return hn::IfThenElse(special, mended, f);
+    }
+#endif
+  }
+  /// Lanes(d) elements of `row` from element i, as f32.
+  static HWY_INLINE VF load(DF d, const std::byte* row, std::size_t i) {
+    return promote(d, hn::LoadU(DU(), reinterpret_cast<const std::uint16_t*>(row) + i));
+  }
+  /// The row's last n (< Lanes) elements from element i, zeros above; reads only those n.
+  static HWY_INLINE VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
+    HWY_ALIGN std::uint16_t lanes[hn::MaxLanes(DU())] = {};
+    std::memcpy(lanes, row + i * sizeof(std::uint16_t), n * sizeof(std::uint16_t));
+    return promote(d, hn::Load(DU(), lanes));
+  }
+};
+
+template <>
+struct row_loader<hwy::float16_t> : half_row_loader<hwy::float16_t> {};
+template <>
+struct row_loader<hwy::bfloat16_t> : half_row_loader<hwy::bfloat16_t> {};
 
 /// Reads a whole vector of a row from element i (a functor, so tile code is written once for
 /// whole vectors and for the partial last one).

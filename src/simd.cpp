@@ -52,12 +52,27 @@ HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
     }
 }
 
+/// Calls run(row_loader<T>{}) for the element type T of the problem's rows: one switch per
+/// call, never per row (keys and values share the type; kernels::check_windows enforces it).
+template <class Run>
+HWY_INLINE void WithLoader(const problem& p, Run&& run) {
+  switch (p.keys.type) {
+    case element::f16:
+      return run(row_loader<hwy::float16_t>{});
+    case element::bf16:
+      return run(row_loader<hwy::bfloat16_t>{});
+    case element::f32:
+      break;
+  }
+  run(row_loader<float>{});
+}
+
 std::int64_t TargetImpl() { return HWY_TARGET; }
 
 float DotImpl(const float* a, const float* b, std::size_t n) { return Dot(DF(), a, b, n); }
 
 void AttendImpl(const problem& p, std::size_t from, std::size_t to, const state& s) {
-  AttendT<row_loader<float>>(p, from, to, s);  // f32 is the only element type so far
+  WithLoader(p, [&](auto loader) { AttendT<decltype(loader)>(p, from, to, s); });
 }
 
 void MergeImpl(std::size_t q_heads, std::size_t head_dim, const state& into, const state& from) {
@@ -70,7 +85,7 @@ void FinishImpl(std::size_t q_heads, std::size_t head_dim, const state& s, const
 }
 
 void DecodeImpl(const problem& p, const float* sinks, float* out) {
-  DecodeT<row_loader<float>>(p, sinks, out);
+  WithLoader(p, [&](auto loader) { DecodeT<decltype(loader)>(p, sinks, out); });
 }
 
 }  // namespace ringkv::simd::HWY_NAMESPACE

@@ -26,7 +26,7 @@ inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 inline constexpr std::size_t scratch_floats = 8192;
 inline constexpr std::size_t max_head_dim = 2048;
 
-/// Element type of K/V rows (only f32 has a kernel so far; f16/bf16 are promoted in registers).
+/// Element type of K/V rows (f16/bf16 are promoted to f32 in registers; f32 accumulation).
 enum class element : std::uint8_t { f32, f16, bf16 };
 
 /// Window positions [first, first + count), rows of every head. Strides are in bytes.

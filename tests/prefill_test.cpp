@@ -391,3 +391,29 @@ BOOST_AUTO_TEST_CASE(prefill_across_1_2_3_and_8_threads_gives_the_same_bits_and_
     BOOST_TEST(same_store(store, reference_store));
   }
 }
+
+BOOST_AUTO_TEST_CASE(f16_and_bf16_prefill_equals_decode_and_stores_the_rows_rounded_once) {
+  // The chunk's rows are rounded into the arena exactly as append stores them, so every query
+  // sees the same bits as in token-by-token decode; the store ends up byte-identical.
+  for (const auto type : {ringkv::dtype::f16, ringkv::dtype::bf16})
+    for (const std::size_t keep : {0u, 2u}) {
+      const std::size_t w = 64;
+      const prompt p(3 * w + 40, 2, 41);
+      auto a = ring(2, w, keep, type), b = ring(2, w, keep, type);
+      token_by_token(a, p, 0, 40);
+      token_by_token(b, p, 0, 40);
+      const auto want = token_by_token(a, p, 40, 3 * w);
+      ringkv::scope arena(64);
+      const auto got = prefilled(b, p, 40, 3 * w, {.arena = &arena});
+      BOOST_TEST_INFO(ringkv::name_of(type) << " keep " << keep);
+      BOOST_TEST(same_bits(got, want));
+      BOOST_TEST(same_store(a, b));
+      // A second call with the arena reset allocates nothing.
+      arena.reset();
+      std::vector<float> out(10 * p.q_row);
+      const ringkv_test::new_counter counter;
+      ringkv::windowed_attention().prefill(b, 0, p.qs(0, 10), p.ks(0, 10), p.vs(0, 10), out,
+                                           {.arena = &arena});
+      BOOST_TEST(counter.calls() == 0u);
+    }
+}

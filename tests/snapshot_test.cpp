@@ -191,17 +191,19 @@ struct token_data {
 /// reads are compared afterwards instead).
 std::vector<float> decode_next(ringkv::kv_cache_store& s, std::size_t n) {
   std::vector<float> out;
-  const bool f32 = s.config().key_type == dtype::f32 && s.config().value_type == dtype::f32;
+  // The decode stream takes one dtype for keys and values (f32, f16 or bf16); a mixed store
+  // only appends.
+  const bool one_dtype = s.config().key_type == s.config().value_type;
   for (std::size_t l = 0; l < s.config().layers; ++l) {
     token_data data(n, s.config(), 100 + unsigned(l));
-    if (!f32) {
+    if (!one_dtype) {
       for (const auto& t : data.tokens) s.append(l, t.k, t.v);
       continue;
     }
     for (std::span<const float> row : ringkv::decode(s, l, data.tokens))
       out.insert(out.end(), row.begin(), row.end());
   }
-  BOOST_REQUIRE(out.size() == (f32 ? s.config().layers * n * 2 * s.config().row_floats() : 0u));
+  BOOST_REQUIRE(out.size() == (one_dtype ? s.config().layers * n * 2 * s.config().row_floats() : 0u));
   return out;
 }
 

@@ -1,0 +1,557 @@
+#define BOOST_TEST_MODULE half_attention
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+#include <range/v3/iterator/operations.hpp>
+#include <range/v3/range/operations.hpp>
+
+#include "count_new.hpp"
+#include "hwy_targets.hpp"
+
+import ringkv;
+
+// f16 and bf16 K/V through the attention kernels: stored at 2 bytes (rounded once, to nearest
+// even), promoted to f32 in registers, accumulated in f32.
+
+namespace trace = ringkv::trace;
+using ringkv::default_kv_cache_store;
+using ringkv::dtype;
+using ringkv::windowed_attention;
+using ringkv::windowed_kv;
+using ringkv_test::for_each_target;
+
+namespace {
+
+constexpr std::array<dtype, 2> half_types{dtype::f16, dtype::bf16};
+
+// ---- the test's own rounding: value arithmetic (frexp, ldexp, nearbyint), no bit tricks ------
+
+/// 2^e for |e| <= 300, exact (a table: ldexp per element made the 32768-position test slow).
+double power_of_two(int e) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(601);
+    for (int i = 0; i <= 600; ++i) t[std::size_t(i)] = std::ldexp(1.0, i - 300);
+    return t;
+  }();
+  return table[std::size_t(e + 300)];
+}
+
+/// x rounded to nearest, ties to even (the default rounding mode of nearbyint), keeping `bits`
+/// significant bits with a quantum of at least 2^min_exponent (subnormals); ±inf past `largest`.
+double round_to(double x, int bits, int min_exponent, double largest) {
+  if (x == 0) return x;
+  int e = 0;
+  std::frexp(x, &e);  // |x| = m · 2^e, m in [0.5, 1)
+  const int quantum = std::max(e - bits, min_exponent);
+  const double r = std::nearbyint(x * power_of_two(-quantum)) * power_of_two(quantum);
+  return std::abs(r) > largest ? std::copysign(std::numeric_limits<double>::infinity(), x) : r;
+}
+
+/// x as the store of `type` must hold it: f16 has 11 significant bits, subnormals down to 2^-24
+/// and 65504 at most; bf16 has 8, subnormals down to 2^-133 and 0x1.fep127 at most.
+double rounded(dtype type, float x) {
+  return type == dtype::f16 ? round_to(x, 11, -24, 65504.0) : round_to(x, 8, -133, 0x1.fep127);
+}
+
+/// The unit roundoff of `type` (half an ulp of 1).
+double unit_roundoff(dtype type) { return type == dtype::f16 ? 0x1p-11 : 0x1p-8; }
+
+/// The 16 bits of a value that `type` represents exactly (r from rounded()).
+std::uint16_t bits_of(dtype type, double r) {
+  if (type == dtype::bf16) return std::uint16_t(std::bit_cast<std::uint32_t>(float(r)) >> 16);
+  const std::uint16_t sign = std::signbit(r) ? 0x8000 : 0;
+  const double a = std::abs(r);
+  if (std::isinf(a)) return sign | 0x7c00;
+  if (a < 0x1p-14) return sign | std::uint16_t(a * 0x1p24);  // subnormal: counts of 2^-24
+  int e = 0;
+  const double m = std::frexp(a, &e);  // a = m · 2^e: exponent field e − 1 + 15, 10 more bits
+  return sign | std::uint16_t((e - 1 + 15) << 10) | std::uint16_t((2 * m - 1) * 1024);
+}
+
+// ---- inputs ----------------------------------------------------------------------------------
+
+enum stream : std::uint64_t { key_stream = 0, value_stream = 1, query_stream = 2 };
+
+/// Element i of head h at position p of a stream, in [-1, 1): every test's f32 input.
+float input(stream s, std::size_t p, std::size_t h, std::size_t i) {
+  std::uint64_t z = ((std::uint64_t(p) * 64 + h) * 4096 + i) * 4 + s + 0x2545f4914f6cdd1dULL;
+  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdULL;
+  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ULL;
+  return float(std::int64_t((z ^ (z >> 33)) >> 40) - (1 << 23)) * 0x1p-23f;
+}
+
+/// A query of q_heads rows, scaled by 4 so the scores spread over several units.
+std::vector<float> make_query(std::size_t q_heads, std::size_t dim, std::size_t seed) {
+  std::vector<float> q(q_heads * dim);
+  for (std::size_t h = 0; h < q_heads; ++h)
+    for (std::size_t i = 0; i < dim; ++i) q[h * dim + i] = 4.0f * input(query_stream, seed, h, i);
+  return q;
+}
+
+default_kv_cache_store make_store(dtype type, std::size_t kv_heads, std::size_t dim,
+                                  std::size_t capacity, bool ring, std::size_t keep = 0,
+                                  trace::sink& sink = trace::null_sink()) {
+  return default_kv_cache_store({.layers = 1, .kv_heads = kv_heads, .head_dim = dim,
+                                 .capacity = capacity, .key_type = type, .value_type = type},
+                                {.sliding_window = ring, .keep = keep}, sink);
+}
+
+/// Appends positions [length, to) of layer 0 with rows from input().
+void fill_until(ringkv::kv_cache_store& store, std::size_t to) {
+  const ringkv::kv_cache_config c = store.config();
+  std::vector<float> k(c.row_floats()), v(c.row_floats());
+  for (std::size_t p = store.length(0); p < to; ++p) {
+    for (std::size_t h = 0; h < c.kv_heads; ++h)
+      for (std::size_t i = 0; i < c.head_dim; ++i) {
+        k[h * c.head_dim + i] = input(key_stream, p, h, i);
+        v[h * c.head_dim + i] = input(value_stream, p, h, i);
+      }
+    BOOST_REQUIRE(store.append(0, k, v) == p);
+  }
+}
+
+// ---- the reference: plain two-pass double-precision attention ------------------------------
+
+/// out = softmax(q·k / sqrt(dim)) · v per query head over positions [from, to), rows given by
+/// row(stream, p, h, i) as doubles; magnitude = the same weighted sum of |v| (the scale each
+/// output element is compared at), scores = the scaled scores [q_heads, to − from].
+struct reference {
+  std::vector<double> out, magnitude, scores;
+};
+
+template <class Row>
+reference attend_double(const std::vector<float>& q, std::size_t kv_heads, std::size_t dim,
+                        std::size_t from, std::size_t to, Row row) {
+  const std::size_t q_heads = q.size() / dim, group = q_heads / kv_heads, n = to - from;
+  const double scale = 1 / std::sqrt(double(dim));
+  reference r{std::vector<double>(q.size()), std::vector<double>(q.size()),
+              std::vector<double>(q_heads * n)};
+  std::vector<double> x(dim), max(q_heads, -std::numeric_limits<double>::infinity()),
+      sum(q_heads);
+  for (std::size_t kv = 0; kv < kv_heads; ++kv)
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t i = 0; i < dim; ++i) x[i] = row(key_stream, from + j, kv, i);
+      for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
+        double dot = 0;
+        for (std::size_t i = 0; i < dim; ++i) dot += double(q[h * dim + i]) * x[i];
+        r.scores[h * n + j] = scale * dot;
+        max[h] = std::max(max[h], scale * dot);
+      }
+    }
+  for (std::size_t kv = 0; kv < kv_heads; ++kv)
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t i = 0; i < dim; ++i) x[i] = row(value_stream, from + j, kv, i);
+      for (std::size_t h = kv * group; h < (kv + 1) * group; ++h) {
+        const double w = std::exp(r.scores[h * n + j] - max[h]);
+        sum[h] += w;
+        for (std::size_t i = 0; i < dim; ++i) {
+          r.out[h * dim + i] += w * x[i];
+          r.magnitude[h * dim + i] += w * std::abs(x[i]);
+        }
+      }
+    }
+  for (std::size_t e = 0; e < q.size(); ++e) {
+    r.out[e] /= sum[e / dim];
+    r.magnitude[e] /= sum[e / dim];
+  }
+  return r;
+}
+
+/// The reference over the rows as a `type` store holds them (the f32 inputs rounded once).
+reference on_rounded_rows(dtype type, const std::vector<float>& q, std::size_t kv_heads,
+                          std::size_t dim, std::size_t from, std::size_t to) {
+  return attend_double(q, kv_heads, dim, from, to,
+                       [type](stream s, std::size_t p, std::size_t h, std::size_t i) {
+                         return rounded(type, input(s, p, h, i));
+                       });
+}
+
+/// The reference over the original f32 inputs.
+reference on_f32_inputs(const std::vector<float>& q, std::size_t kv_heads, std::size_t dim,
+                        std::size_t from, std::size_t to) {
+  return attend_double(q, kv_heads, dim, from, to,
+                       [](stream s, std::size_t p, std::size_t h, std::size_t i) {
+                         return double(input(s, p, h, i));
+                       });
+}
+
+/// Largest |out − reference| relative to the magnitude of the weighted sum it approximates.
+double relative_error(const std::vector<float>& out, const reference& r) {
+  double worst = 0;
+  for (std::size_t e = 0; e < out.size(); ++e)
+    worst = std::max(worst, std::abs(double(out[e]) - r.out[e]) / r.magnitude[e]);
+  return worst;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Worst value per key over a test, reported at the end.
+struct worst_of {
+  std::map<std::string, double> worst;
+  void add(const std::string& key, double e) { worst[key] = std::max(worst[key], e); }
+  void report(const char* what) const {
+    for (const auto& [key, e] : worst) BOOST_TEST_MESSAGE(what << " " << key << ": " << e);
+  }
+};
+
+struct heads {
+  std::size_t q, kv;
+};
+
+// f32 accumulation over rows that are exact in f32: the kernels' arithmetic is the f32 path's,
+// so the error against the reference on the rounded rows is the f32 class the attention suite
+// bounds at 2e-6 (measured here: about 5e-7 at most, see the messages).
+constexpr double f32_class = 2e-6;
+
+}  // namespace
+
+// ---- accuracy ------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(half_decode_matches_a_double_reference_on_the_rounded_rows_for_every_shape_and_target) {
+  // A ring of 320 slots after 1000 positions (it has wrapped): windows of the newest W positions.
+  const windowed_attention attention;
+  worst_of errors;
+  for (dtype type : half_types)
+    for (heads hs : {heads{8, 2}, heads{8, 8}})
+      for (std::size_t dim : {64, 128}) {
+        auto store = make_store(type, hs.kv, dim, 320, true);
+        fill_until(store, 1000);
+        const auto query = make_query(hs.q, dim, dim);
+        std::vector<float> out(query.size());
+        for (std::size_t w : {1, 17, 300}) {
+          const reference ref = on_rounded_rows(type, query, hs.kv, dim, 1000 - w, 1000);
+          const windowed_kv k = store.key_window(0, 1000 - w, 1000);
+          const windowed_kv v = store.value_window(0, 1000 - w, 1000);
+          BOOST_REQUIRE((k.type() == type && v.type() == type));
+          for_each_target([&](const char* target) {
+            attention.decode_step(query, k, v, out);
+            const double e = relative_error(out, ref);
+            errors.add(std::string(ringkv::name_of(type)) + " on " + target, e);
+            BOOST_TEST(e <= f32_class, ringkv::name_of(type) << " " << target << " D " << dim
+                                                             << " heads " << hs.q << "/" << hs.kv
+                                                             << " W " << w);
+          });
+        }
+      }
+  errors.report("max relative error against the double reference on the rounded rows, W 1/17/300,");
+}
+
+BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_the_storage_error_within_its_bound) {
+  // 8 query heads over 2 kv heads, D 128, a wrapped ring. Two errors per case: against the
+  // double reference on the rounded rows (the kernels' own error, f32 class) and against the
+  // double reference on the original f32 inputs (what storing at 2 bytes costs). The second is
+  // bounded by first-order analysis: each V element moves by at most u·|v| (u the unit roundoff)
+  // and each weight by a factor within e^(±δ), δ the largest score change the K rounding caused,
+  // so the normalised weights move by a factor within e^(±2δ) and
+  // |Δout| ≤ ((1 + u)·e^(2δ) − 1) · Σ p_j |v_j| (+ the f32 class of the kernel itself).
+  constexpr std::size_t q_heads = 8, kv_heads = 2, dim = 128;
+  const windowed_attention attention;
+  const auto query = make_query(q_heads, dim, 77);
+  for (std::size_t w : {4096, 32768})
+    for (dtype type : half_types) {
+      auto store = make_store(type, kv_heads, dim, w + 100, true);
+      fill_until(store, w + 500);  // slot 0 holds position w + 100: the window wraps
+      const std::size_t from = w + 500 - w, to = w + 500;
+      const windowed_kv k = store.key_window(0, from, to), v = store.value_window(0, from, to);
+      BOOST_REQUIRE(k.wrapped());
+      const reference exact = on_rounded_rows(type, query, kv_heads, dim, from, to);
+      const reference original = on_f32_inputs(query, kv_heads, dim, from, to);
+      double delta = 0;
+      for (std::size_t j = 0; j < exact.scores.size(); ++j)
+        delta = std::max(delta, std::abs(exact.scores[j] - original.scores[j]));
+      const double u = unit_roundoff(type);
+      const double bound = (1 + u) * std::exp(2 * delta) - 1 + f32_class;
+      std::vector<float> out(query.size());
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, k, v, out);
+        const double kernel = relative_error(out, exact), storage = relative_error(out, original);
+        BOOST_TEST_MESSAGE(ringkv::name_of(type)
+                           << " W " << w << " on " << target
+                           << ": max relative error against the rounded rows " << kernel
+                           << ", against the f32 inputs " << storage << " (bound " << bound
+                           << ", largest score change " << delta << ")");
+        BOOST_TEST(kernel <= f32_class, ringkv::name_of(type) << " W " << w << " " << target);
+        BOOST_TEST(storage <= bound, ringkv::name_of(type) << " W " << w << " " << target);
+      });
+    }
+}
+
+// ---- storage -------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_half_store_holds_each_f32_input_rounded_once_to_nearest_even) {
+  // Values that probe the rounding: ties at 1 (to even, down and up), f16's largest finite value
+  // and the first input that overflows it, f16 subnormals and their ties, bf16 ties and its
+  // overflow, negatives; then inputs over 50 binades. The store's raw bits (through its
+  // zero-copy windows, after the ring wrapped) must equal the test's own conversion, and
+  // read_keys / read_values must return exactly those values as f32.
+  std::vector<float> probes = {0.0f, -0.0f, 1.0f, -1.0f, 1 + 0x1p-11f, 1 + 0x3p-11f, -(1 + 0x1p-11f),
+                               65504.0f, 65519.0f, 65520.0f, -70000.0f, 0x1p-24f, 0x1p-25f,
+                               0x3p-25f, 0x1p-14f, 0x1.ffcp-15f, 1e-10f, 1 + 0x1p-8f, 1 + 0x3p-8f,
+                               0x1.ff8p127f, -3.4e38f, 1e-40f, 0.1f, -0.3f, 3.14159265f};
+  for (std::size_t n = 0; probes.size() < 200; ++n)
+    probes.push_back(std::ldexp(input(value_stream, n, 0, 0), int(n % 50) - 30));
+  constexpr std::size_t kv_heads = 2, dim = 20, capacity = 7;
+  for (dtype type : half_types) {
+    BOOST_TEST_CONTEXT(ringkv::name_of(type)) {
+      auto store = make_store(type, kv_heads, dim, capacity, true);
+      std::vector<float> k(kv_heads * dim), v(k.size());
+      auto key_at = [&](std::size_t p, std::size_t e) { return probes[(p * 2 * k.size() + e) % probes.size()]; };
+      auto value_at = [&](std::size_t p, std::size_t e) { return probes[(p * 2 * k.size() + k.size() + e) % probes.size()]; };
+      constexpr std::size_t length = 3 * capacity + 2;
+      for (std::size_t p = 0; p < length; ++p) {
+        for (std::size_t e = 0; e < k.size(); ++e) {
+          k[e] = key_at(p, e);
+          v[e] = value_at(p, e);
+        }
+        store.append(0, k, v);
+      }
+      const std::size_t from = length - capacity;
+      std::vector<float> read_k(kv_heads * capacity * dim), read_v(read_k.size());
+      store.read_keys(0, from, length, read_k);
+      store.read_values(0, from, length, read_v);
+      const windowed_kv kw = store.key_window(0, from, length), vw = store.value_window(0, from, length);
+      BOOST_REQUIRE(kw.wrapped());
+      std::size_t checked = 0;
+      for (const auto& [w, at, read] : {std::tuple{&kw, +0, &read_k}, std::tuple{&vw, +1, &read_v}}) {
+        std::size_t p = from;
+        for (std::size_t r = 0; r < w->runs().size(); ++r)
+          for (std::size_t j = 0; j < w->runs()[r].positions(); ++j, ++p)
+            for (std::size_t h = 0; h < kv_heads; ++h)
+              for (std::size_t i = 0; i < dim; ++i) {
+                const float x = at == 0 ? key_at(p, h * dim + i) : value_at(p, h * dim + i);
+                const double r_expected = rounded(type, x);
+                std::uint16_t stored = 0;
+                std::memcpy(&stored, w->runs()[r].row_bytes(h, j) + 2 * i, 2);
+                const float back = (*read)[(h * capacity + (p - from)) * dim + i];
+                BOOST_TEST(stored == bits_of(type, r_expected), "input " << x << " position " << p);
+                BOOST_TEST(std::bit_cast<std::uint32_t>(back) ==
+                               std::bit_cast<std::uint32_t>(float(r_expected)),
+                           "input " << x << " read back as " << back);
+                ++checked;
+              }
+      }
+      BOOST_TEST(checked == 2 * kv_heads * capacity * dim);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_f16_input_too_large_for_f16_reaches_every_target_as_infinity) {
+  // 70000 is finite in f32 and stored as +Inf in f16 (README "NaN and Inf"). Every target must
+  // read it as read_values does: Highway's f16 emulation (targets without F16C) reads the
+  // all-ones exponent as a finite 2^16-scale number unless the loader mends it.
+  constexpr std::size_t dim = 19;  // two whole AVX2 vectors and a tail, four SSE4 vectors and a tail
+  auto store = make_store(dtype::f16, 1, dim, 8, true);
+  std::vector<float> k(dim), v(dim);
+  for (std::size_t p = 0; p < 11; ++p) {
+    for (std::size_t i = 0; i < dim; ++i) {
+      k[i] = input(key_stream, p, 0, i);
+      v[i] = input(value_stream, p, 0, i);
+    }
+    if (p == 10) v[5] = 70000.0f, v[9] = -70000.0f, v[17] = 65520.0f;  // 17: in the tail
+    store.append(0, k, v);
+  }
+  std::vector<float> back(dim);
+  store.read_values(0, 10, 11, back);
+  BOOST_REQUIRE((std::isinf(back[5]) && back[5] > 0 && std::isinf(back[9]) && back[9] < 0));
+  const windowed_attention attention;
+  const auto query = make_query(1, dim, 5);
+  std::vector<float> out(dim);
+  for_each_target([&](const char* target) {
+    attention.decode_step(query, store.key_window(0, 8, 11), store.value_window(0, 8, 11), out);
+    for (std::size_t i = 0; i < dim; ++i) {
+      const bool plus = i == 5 || i == 17, minus = i == 9;
+      const bool ok = plus    ? out[i] == std::numeric_limits<float>::infinity()
+                      : minus ? out[i] == -std::numeric_limits<float>::infinity()
+                              : std::isfinite(out[i]);
+      BOOST_TEST(ok, target << " element " << i << " is " << out[i]);
+    }
+  });
+}
+
+// ---- determinism (M2-A4) and the gather path ---------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_wrapped_half_ring_and_a_never_wrapped_half_store_give_identical_bits) {
+  // A capacity-37 ring (without and with 3 pinned sinks) after several laps against a dense store
+  // holding every position: for each of the 37 wrap points and several W, on every target, the
+  // outputs are equal bit for bit. head_dim 44 is not a whole number of vectors (the tail path).
+  constexpr std::size_t kv = 2, q = 8, dim = 44;
+  const windowed_attention attention;
+  const auto query = make_query(q, dim, 21);
+  std::vector<float> a(q * dim), b(q * dim);
+  std::size_t wrapped = 0, compared = 0;
+  for (dtype type : half_types)
+    for (std::size_t keep : {0, 3}) {
+      auto ring = make_store(type, kv, dim, 37, true, keep);
+      auto flat = make_store(type, kv, dim, 37 * 6, false);
+      fill_until(ring, 37 * 4);
+      fill_until(flat, 37 * 5);
+      for (std::size_t end = 37 * 4 + 1; end <= 37 * 5; ++end) {
+        fill_until(ring, end);
+        for (std::size_t w : {1, 5, 16, 17, 30, 34}) {
+          const std::size_t from = end - w;
+          const windowed_kv rk = ring.key_window(0, from, end), rv = ring.value_window(0, from, end);
+          // The flat store's window: the same sinks, then the same rolling positions.
+          std::array<ringkv::kv_run, 3> fk_runs{}, fv_runs{};
+          std::size_t n = 0;
+          if (keep > 0) {
+            fk_runs[n] = {flat.key_window(0, 0, keep).head(), 0};
+            fv_runs[n++] = {flat.value_window(0, 0, keep).head(), 0};
+          }
+          fk_runs[n] = {flat.key_window(0, from, end).head(), from};
+          fv_runs[n++] = {flat.value_window(0, from, end).head(), from};
+          const windowed_kv fk(std::span<const ringkv::kv_run>(fk_runs.data(), n));
+          const windowed_kv fv(std::span<const ringkv::kv_run>(fv_runs.data(), n));
+          BOOST_REQUIRE(rk.length() == fk.length());
+          wrapped += rk.wrapped();
+          for_each_target([&](const char* target) {
+            attention.decode_step(query, rk, rv, a);
+            attention.decode_step(query, fk, fv, b);
+            BOOST_TEST(same_bits(a, b), ringkv::name_of(type) << " " << target << " keep " << keep
+                                                              << " end " << end << " W " << w);
+            ++compared;
+          });
+        }
+      }
+    }
+  BOOST_TEST(wrapped > 150u);
+  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
+}
+
+BOOST_AUTO_TEST_CASE(the_gather_path_equals_the_pair_path_bit_for_bit_and_copies_two_byte_rows) {
+  constexpr std::size_t kv = 2, q = 8, dim = 64, w = 100;
+  trace::recorder rec(64);
+  const windowed_attention attention(ringkv::attention_options{.sink = &rec});
+  const auto query = make_query(q, dim, 16);
+  std::vector<float> pair(q * dim), gathered(q * dim);
+  ringkv::scope arena(1 << 20, rec);
+  for (dtype type : half_types) {
+    auto store = make_store(type, kv, dim, 128, true);
+    fill_until(store, 300);
+    const windowed_kv k = store.key_window(0, 300 - w, 300), v = store.value_window(0, 300 - w, 300);
+    BOOST_REQUIRE(k.wrapped());
+    for_each_target([&](const char* target) {
+      rec.clear();
+      attention.decode_step(query, k, v, pair);
+      attention.decode_step_gathered(query, k, v, gathered, arena);
+      BOOST_TEST(same_bits(pair, gathered), ringkv::name_of(type) << " " << target);
+      std::size_t adapters = 0;
+      for (const auto& a : rec.of<trace::adapter_inserted>()) {
+        BOOST_TEST(a.kind == "gather-kv-window");
+        BOOST_TEST(a.bytes == kv * w * dim * 2);  // the rows as stored: two bytes an element
+        ++adapters;
+      }
+      BOOST_TEST(adapters == 2u);
+      BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+      arena.reset();
+    });
+  }
+}
+
+// ---- the stream, and no allocation -------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_decode_stream_over_a_wrapped_f16_ring_equals_append_and_decode_step_by_hand) {
+  constexpr std::size_t kv = 2, q = 8, dim = 40, capacity = 23, n = 3 * capacity + 5;
+  std::vector<float> qs(n * q * dim), ks(n * kv * dim), vs(n * kv * dim);
+  std::vector<ringkv::token_qkv> tokens;
+  for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t h = 0; h < q; ++h)
+      for (std::size_t i = 0; i < dim; ++i) qs[(t * q + h) * dim + i] = 4 * input(query_stream, t, h, i);
+    for (std::size_t h = 0; h < kv; ++h)
+      for (std::size_t i = 0; i < dim; ++i) {
+        ks[(t * kv + h) * dim + i] = input(key_stream, t, h, i);
+        vs[(t * kv + h) * dim + i] = input(value_stream, t, h, i);
+      }
+    tokens.push_back({std::span<const float>(qs).subspan(t * q * dim, q * dim),
+                      std::span<const float>(ks).subspan(t * kv * dim, kv * dim),
+                      std::span<const float>(vs).subspan(t * kv * dim, kv * dim)});
+  }
+  const windowed_attention attention;
+  std::vector<float> expected(q * dim);
+  for (std::size_t keep : {0, 2}) {
+    auto streamed = make_store(dtype::f16, kv, dim, capacity, true, keep);
+    auto by_hand = make_store(dtype::f16, kv, dim, capacity, true, keep);
+    std::size_t t = 0;
+    for (std::span<const float> row : ringkv::decode(streamed, 0, tokens)) {
+      const std::size_t p = by_hand.append(0, tokens[t].k, tokens[t].v);
+      // W = capacity keys counting the sinks: 0 … keep−1 and the newest capacity − keep.
+      const std::size_t from = p + 1 > capacity ? p + 1 - (capacity - keep) : 0;
+      attention.decode_step(tokens[t].q, by_hand.key_window(0, from, p + 1),
+                            by_hand.value_window(0, from, p + 1), expected);
+      BOOST_REQUIRE(row.size() == expected.size());
+      BOOST_TEST(std::memcmp(row.data(), expected.data(), row.size_bytes()) == 0,
+                 "keep " << keep << " token " << t);
+      ++t;
+    }
+    BOOST_TEST(t == n);
+    BOOST_TEST(streamed.window_start(0) > 0u);  // the ring wrapped
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sixteen_decode_steps_over_a_wrapped_bf16_ring_allocate_and_copy_nothing) {
+  constexpr std::size_t kv = 2, q = 8, dim = 64, capacity = 50;
+  trace::recorder rec(64);
+  auto store = make_store(dtype::bf16, kv, dim, capacity, true, 0, rec);
+  const windowed_attention attention(ringkv::attention_options{.sink = &rec});
+  fill_until(store, 200);
+  const auto query = make_query(q, dim, 17);
+  std::vector<float> out(q * dim), k(kv * dim), v(kv * dim);
+  std::size_t wrapped = 0;
+  rec.clear();
+  const ringkv_test::new_counter counter;
+  for (std::size_t step = 0; step < 16; ++step) {
+    for (std::size_t e = 0; e < k.size(); ++e) {
+      k[e] = input(key_stream, 200 + step, 0, e);
+      v[e] = input(value_stream, 200 + step, 0, e);
+    }
+    const std::size_t p = store.append(0, k, v);
+    const windowed_kv kw = store.key_window(0, p + 1 - capacity, p + 1);
+    const windowed_kv vw = store.value_window(0, p + 1 - capacity, p + 1);
+    wrapped += kw.wrapped();
+    attention.decode_step(query, kw, vw, out);
+  }
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(wrapped > 0u);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
+  BOOST_TEST(rec.emitted() == 0u);
+}
+
+// ---- refusals --------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(the_decode_stream_refuses_keys_and_values_of_different_dtypes_before_appending) {
+  // The kernels take one dtype for K and V; a store of f16 keys and bf16 values is refused when
+  // the stream is made, so no token is appended and then refused.
+  auto store = default_kv_cache_store({.layers = 1, .kv_heads = 1, .head_dim = 8, .capacity = 4,
+                                       .key_type = dtype::f16, .value_type = dtype::bf16},
+                                      {.sliding_window = true});
+  std::vector<float> q(8, 0.5f), k(8, 0.25f), v(8, 1.0f);
+  std::vector<ringkv::token_qkv> tokens{{q, k, v}};
+  BOOST_CHECK_EXCEPTION(ringkv::decode(store, 0, tokens), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          const std::string m = e.what();
+                          return m.find("keys are f16") != std::string::npos &&
+                                 m.find("values are bf16") != std::string::npos;
+                        });
+  BOOST_TEST(store.length(0) == 0u);
+  const windowed_attention attention;
+  std::vector<float> out(8, 7.0f);
+  store.append(0, k, v);
+  BOOST_CHECK_THROW(attention.decode_step(q, store.key_window(0, 0, 1), store.value_window(0, 0, 1), out),
+                    std::invalid_argument);
+  for (float x : out) BOOST_TEST(x == 7.0f);
+}
