@@ -40,7 +40,7 @@ HWY_INLINE void StorePartial(DF d, VF v, float* p, std::size_t n) {
 }
 
 /// Reads K/V rows stored as T as f32 vectors. Kernels only ever read rows through this, so f16
-/// and bf16 rows are specialisations (a half-width load and PromoteTo), with f32 accumulation
+/// and bf16 rows are specialisations (a half-width load promoted to f32), with f32 accumulation
 /// unchanged.
 template <class T>
 struct row_loader;
@@ -58,45 +58,72 @@ struct row_loader<float> {
   }
 };
 
+using DU16 = hn::Rebind<std::uint16_t, DF>;  // the bits of Lanes(DF) f16/bf16 elements
+
+/// bf16 bits as f32 (exact): widened to u32 and shifted left 16 (as Highway's x86 PromoteTo
+/// does; written once so every target, EMU128 included, does the same).
+HWY_INLINE VF PromoteBF16(DF d, hn::Vec<DU16> bits) {
+  const hn::RebindToUnsigned<DF> du;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, bits)));
+}
+
+/// f16 bits as f32, exact for every value (±0, subnormals, normals, ±Inf, NaN). F16C on x86
+/// from AVX2 up. Elsewhere integer arithmetic of our own, not Highway 1.0.3's emulation: that
+/// reads the all-ones exponent (±Inf, NaN) as a finite 2^16-scale number, but an f16 store
+/// keeps ±Inf for a finite input too large for f16 (README "NaN and Inf") and every target must
+/// read it as read_keys does.
+HWY_INLINE VF PromoteF16(DF d, hn::Vec<DU16> bits) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), bits));
+#else
+  const hn::RebindToSigned<DF> di;
+  const auto wide = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(), bits));
+  const auto magnitude = hn::And(wide, hn::Set(di, 0x7fff));  // exponent and mantissa
+  // Normal: the exponent rebiased (15 → 127) above the mantissa moved to the top of f32's.
+  const auto normal = hn::Add(hn::ShiftLeft<13>(magnitude), hn::Set(di, (127 - 15) << 23));
+  // Exponent 0 (zero or subnormal): mantissa · 2^-24, exact in f32.
+  const auto tiny = hn::BitCast(di, hn::Mul(hn::ConvertTo(d, magnitude), hn::Set(d, 0x1p-24f)));
+  // Exponent all ones (±Inf, NaN): all ones in f32 too, the mantissa kept.
+  const auto special = hn::Or(normal, hn::Set(di, 0x7f800000));
+  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(di, 0x0400)), tiny, normal);
+  r = hn::IfThenElse(hn::Gt(magnitude, hn::Set(di, 0x7bff)), special, r);
+  return hn::BitCast(d, hn::Or(r, hn::ShiftLeft<16>(hn::And(wide, hn::Set(di, 0x8000)))));
+#endif
+}
+
+// On targets that emulate vectors (EMU128, SCALAR) a half row's load stays out of line: inlined
+// into every tile it made this file compile ten times slower (measured: EMU128 alone over 6 min,
+// 65 s out of line; the whole file took 44 s before f16/bf16), and those targets are fallbacks.
+#undef RINGKV_HALF_LOAD
+#if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
+#define RINGKV_HALF_LOAD HWY_NOINLINE
+#else
+#define RINGKV_HALF_LOAD HWY_INLINE
+#endif
+
 /// f16 and bf16 rows: a half-width load of the elements' bits, promoted to f32 in registers
 /// (exact: every f16 and bf16 value is an f32), so the arithmetic after the load is the f32
-/// path's. bf16 widens u16 to u32 and shifts left 16 (Highway's PromoteTo); f16 uses F16C on
-/// x86 targets from AVX2 up and Highway's emulation elsewhere, which reads the all-ones
-/// exponent (±Inf, NaN) as a finite number, so those lanes are mended here: an f16 store keeps
-/// ±Inf for a finite input too large for f16 (README "NaN and Inf"), and every target must read
-/// it as read_keys does.
+/// path's.
 template <class T>
 struct half_row_loader {
   using type = T;
-  using DU = hn::Rebind<std::uint16_t, DF>;
 
-  static HWY_INLINE VF promote(DF d, hn::Vec<DU> bits) {
-    const hn::Rebind<T, DF> dh;
-    const VF f = hn::PromoteTo(d, hn::BitCast(dh, bits));
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
-    return f;
-#else
-    if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
-      return f;
-    } else {
-      const hn::RebindToUnsigned<DF> du32;
-      const auto exponent = hn::And(hn::PromoteTo(du32, bits), hn::Set(du32, 0x7c00u));
-      const auto special = hn::RebindMask(d, hn::Eq(exponent, hn::Set(du32, 0x7c00u)));
-      // The emulation gives f32 exponent 31 + 112 there; all ones makes it ±Inf or the NaN.
-      const VF mended = hn::BitCast(d, hn::Or(hn::BitCast(du32, f), hn::Set(du32, 0x7f800000u)));
-      return hn::IfThenElse(special, mended, f);
-    }
-#endif
+  static HWY_INLINE VF promote(DF d, hn::Vec<DU16> bits) {
+    if constexpr (std::is_same_v<T, hwy::bfloat16_t>)
+      return PromoteBF16(d, bits);
+    else
+      return PromoteF16(d, bits);
   }
   /// Lanes(d) elements of `row` from element i, as f32.
-  static HWY_INLINE VF load(DF d, const std::byte* row, std::size_t i) {
-    return promote(d, hn::LoadU(DU(), reinterpret_cast<const std::uint16_t*>(row) + i));
+  static RINGKV_HALF_LOAD VF load(DF d, const std::byte* row, std::size_t i) {
+    return promote(d, hn::LoadU(DU16(), reinterpret_cast<const std::uint16_t*>(row) + i));
   }
   /// The row's last n (< Lanes) elements from element i, zeros above; reads only those n.
-  static HWY_INLINE VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
-    HWY_ALIGN std::uint16_t lanes[hn::MaxLanes(DU())] = {};
+  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i,
+                                       std::size_t n) {
+    HWY_ALIGN std::uint16_t lanes[hn::MaxLanes(DU16())] = {};
     std::memcpy(lanes, row + i * sizeof(std::uint16_t), n * sizeof(std::uint16_t));
-    return promote(d, hn::Load(DU(), lanes));
+    return promote(d, hn::Load(DU16(), lanes));
   }
 };
 

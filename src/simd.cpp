@@ -16,6 +16,14 @@
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
 
+/// AttendRange kept out of line: one copy per row type serves both entry points (AttendT and
+/// the decode segments), which halves this file's compile time (three row types, five targets).
+template <class Loader>
+HWY_NOINLINE void AttendRows(const problem& p, const chunk& c, std::size_t from, std::size_t to,
+                             const state& s) {
+  AttendRange<Loader>(p, c, from, to, s);
+}
+
 template <class Loader>
 HWY_NOINLINE void AttendT(const problem& p, std::size_t from, std::size_t to, const state& s) {
   HWY_ALIGN float scratch[scratch_floats];
@@ -24,7 +32,7 @@ HWY_NOINLINE void AttendT(const problem& p, std::size_t from, std::size_t to, co
   for (std::size_t kv = 0; kv < p.kv_heads; ++kv)
     for (std::size_t q0 = kv * group; q0 < (kv + 1) * group; q0 += per_chunk) {
       LayOutChunk(p, kv, q0, std::min(per_chunk, (kv + 1) * group - q0), scratch, c);
-      AttendRange<Loader>(p, c, from, to, Rows(s, q0, p.head_dim));
+      AttendRows<Loader>(p, c, from, to, Rows(s, q0, p.head_dim));
     }
 }
 
@@ -34,7 +42,7 @@ HWY_INLINE void DecodeChunk(const problem& p, const chunk& c, float* extra, cons
                             float* out) {
   DecodeSegments(p.keys, p.head_dim, c, extra, sinks, out,
                  [&](std::size_t from, std::size_t to, const state& s) {
-                   AttendRange<Loader>(p, c, from, to, s);
+                   AttendRows<Loader>(p, c, from, to, s);
                  });
 }
 
