@@ -25,6 +25,8 @@ constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2
 void require_finite(std::string_view who, std::string_view what, std::span<const float> values);
 /// Whether every element of `values` is finite (no NaN, no ±Inf); O(n), no allocation.
 bool all_finite(std::span<const float> values) noexcept;
+/// Whether a and b share an element (empty spans share none); O(1).
+bool overlaps(std::span<const float> a, std::span<const float> b) noexcept;
 /// The dtype's name ("f32", "f16", "bf16"); O(1).
 constexpr std::string_view name_of(dtype t) noexcept {
   return t == dtype::f32 ? "f32" : t == dtype::f16 ? "f16" : "bf16";

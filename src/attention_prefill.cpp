@@ -5,7 +5,6 @@ module;
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -25,12 +24,6 @@ constexpr std::string_view who = "ringkv::windowed_attention::prefill";
 }
 
 std::string str(std::size_t n) { return std::to_string(n); }
-
-bool overlaps(std::span<const float> a, std::span<const float> b) {
-  const std::less<const float*> before;
-  return !a.empty() && !b.empty() && before(a.data(), b.data() + b.size()) &&
-         before(b.data(), a.data() + a.size());
-}
 
 /// The chunk's geometry after every check (C = tokens; rows in floats).
 struct chunk_shape {

@@ -5,7 +5,6 @@ module;
 #include <array>
 #include <cmath>
 #include <cstddef>
-#include <functional>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -60,12 +59,6 @@ std::string describe(const intervals& iv) {
   for (std::size_t i = 0; i < iv.count; ++i)
     s += (i ? " + [" : "[") + str(iv.at[i].first) + ", " + str(iv.at[i].second) + ")";
   return s;
-}
-
-bool overlaps(std::span<const float> a, std::span<const float> b) {
-  const std::less<const float*> before;
-  return !a.empty() && !b.empty() && before(a.data(), b.data() + b.size()) &&
-         before(b.data(), a.data() + a.size());
 }
 
 /// Keys and values describe the same positions with the same geometry and dtype.

@@ -4,6 +4,7 @@ module;
 #include <cmath>
 #include <string_view>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -24,6 +25,13 @@ bool all_finite(std::span<const float> values) noexcept {
   for (float v : values)
     if (!std::isfinite(v)) return false;
   return true;
+}
+
+bool overlaps(std::span<const float> a, std::span<const float> b) noexcept {
+  // std::less: a total order on pointers into different arrays too.
+  const std::less<const float*> before;
+  return !a.empty() && !b.empty() && before(a.data(), b.data() + b.size()) &&
+         before(b.data(), a.data() + a.size());
 }
 
 void require_finite(std::string_view who, std::string_view what, std::span<const float> values) {
