@@ -139,11 +139,13 @@ class compressed_kv_attention {
 
 export namespace ringkv::detail {
 
-/// The effective window of a decode or prefill on `store` (`requested` 0: capacity - slack):
-/// throws std::invalid_argument naming `caller` when it exceeds capacity - slack or does not
-/// exceed keep; O(1).
-std::size_t resolve_window(const kv_cache_store& store, std::size_t requested,
-                           std::string_view caller);
+/// Checks what a decode or prefill on `layer` of `store` needs of the store before anything is
+/// appended and returns the effective window (`requested` 0: capacity - slack). Throws, naming
+/// `caller`: std::out_of_range for a layer >= layers; std::invalid_argument for head_dim >
+/// kernels::max_head_dim, keys and values of different dtypes, or a window that exceeds
+/// capacity - slack or does not exceed keep. O(1).
+std::size_t check_store(const kv_cache_store& store, std::size_t layer, std::size_t requested,
+                        std::string_view caller);
 /// First position of the rolling part of the window of the token at p (window W, keep S pinned
 /// sinks: the token sees 0 … S-1 and p-(W-S)+1 … p once p + 1 > W; before, 0 … p); O(1).
 std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;

@@ -97,13 +97,24 @@ void windowed_attention::decode_step_gathered(std::span<const float> query,
 
 namespace ringkv::detail {
 
-std::size_t resolve_window(const kv_cache_store& store, std::size_t requested,
-                           std::string_view caller) {
-  const std::size_t limit = store.config().capacity - store.options().slack;
-  const std::size_t window = requested == 0 ? limit : requested;
+std::size_t check_store(const kv_cache_store& store, std::size_t layer, std::size_t requested,
+                        std::string_view caller) {
+  const kv_cache_config c = store.config();
   const auto refuse = [&](const std::string& what) {
     throw std::invalid_argument(std::string(caller) + ": " + what);
   };
+  if (layer >= c.layers)
+    throw std::out_of_range(std::string(caller) + ": layer " + std::to_string(layer) +
+                            " >= layers " + std::to_string(c.layers));
+  if (c.head_dim > kernels::max_head_dim)
+    refuse("head_dim " + std::to_string(c.head_dim) + " exceeds max_head_dim " +
+           std::to_string(kernels::max_head_dim));
+  // The kernels take one dtype for K and V; refused here, not after a token was appended.
+  if (c.key_type != c.value_type)
+    refuse("the store's keys are " + std::string(name_of(c.key_type)) + " but values are " +
+           std::string(name_of(c.value_type)) + "; attention needs one dtype for both");
+  const std::size_t limit = c.capacity - store.options().slack;
+  const std::size_t window = requested == 0 ? limit : requested;
   if (window > limit)
     refuse("window " + std::to_string(window) + " > capacity - slack = " + std::to_string(limit) +
            " (the store cannot hold it)");

@@ -36,17 +36,9 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
                         std::span<const float> values, std::span<const float> out,
                         const prefill_options& o) {
   const kv_cache_config c = store.config();
-  if (layer >= c.layers)
-    throw std::out_of_range(std::string(who) + ": layer " + str(layer) + " >= layers " +
-                            str(c.layers));
   chunk_shape s;
+  s.window = detail::check_store(store, layer, o.window, who);
   s.kv_row = c.row_floats();
-  if (c.head_dim > kernels::max_head_dim)
-    refuse("head_dim " + str(c.head_dim) + " exceeds max_head_dim " + str(kernels::max_head_dim));
-  if (c.key_type != c.value_type)
-    refuse("keys are " + std::string(name_of(c.key_type)) + " but values are " +
-           std::string(name_of(c.value_type)) + "; attention needs one type for both");
-  s.window = detail::resolve_window(store, o.window, who);
   if (keys.size() % s.kv_row != 0)
     refuse("keys has " + str(keys.size()) + " floats, not a multiple of kv_heads * head_dim = " +
            str(s.kv_row));

@@ -13,16 +13,8 @@ namespace {
 }  // namespace
 
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o) {
-  const kv_cache_config& c = store.config();
-  if (layer >= c.layers)
-    throw std::out_of_range("ringkv::decode: layer " + std::to_string(layer) + " >= layers " +
-                            std::to_string(c.layers));
-  const std::size_t window = resolve_window(store, o.window, "ringkv::decode");
+  const std::size_t window = check_store(store, layer, o.window, "ringkv::decode");
   if (o.scale < 0.0f || o.scale != o.scale) refuse("scale must be >= 0 (0: 1/sqrt(head_dim))");
-  // The kernels take one dtype for K and V; refused here, not after a token was appended.
-  if (c.key_type != c.value_type)
-    refuse("the store's keys are " + std::string(name_of(c.key_type)) + " but values are " +
-           std::string(name_of(c.value_type)) + "; attention needs one dtype for both");
   return window;
 }
 
