@@ -33,9 +33,12 @@ constexpr std::string_view name_of(dtype t) noexcept {
 }
 
 /// Move-only owning buffer, 64-byte aligned and zero-filled, that reports its life to a sink.
+/// Buffers of at least `huge_page` bytes start on a huge-page boundary and, on Linux, ask for
+/// transparent huge pages (madvise), so streaming a window is not a TLB miss every 4 KiB.
 class storage {
  public:
   static constexpr std::size_t alignment = 64;
+  static constexpr std::size_t huge_page = std::size_t(2) << 20;
 
   storage() noexcept = default;
   /// Allocates `bytes` (> 0) and emits allocation{site, bytes}; O(bytes) to zero-fill.

@@ -44,6 +44,24 @@ BOOST_AUTO_TEST_CASE(storage_is_64_byte_aligned_zeroed_and_traced_with_exact_byt
   BOOST_TEST((*ranges::begin(releases)).site == "test-site");
 }
 
+BOOST_AUTO_TEST_CASE(storage_of_a_huge_page_or_more_starts_on_a_huge_page_boundary) {
+  trace::recorder r(8);
+  const std::size_t bytes = ringkv::storage::huge_page + 100;
+  {
+    ringkv::storage s(bytes, "test-huge", r);
+    BOOST_TEST(reinterpret_cast<std::uintptr_t>(s.data()) % ringkv::storage::huge_page == 0u);
+    BOOST_TEST(s.bytes() == bytes);
+    std::size_t nonzero = 0;
+    for (std::byte b : s.as<std::byte>()) nonzero += b != std::byte{0};
+    BOOST_TEST(nonzero == 0u);
+    s.data()[bytes - 1] = std::byte{1};  // the last byte is the caller's
+  }
+  BOOST_TEST(bytes_of_allocations(r) == std::vector<std::size_t>{bytes});
+  BOOST_TEST(ranges::distance(r.of<trace::release>()) == 1);
+  ringkv::storage small(ringkv::storage::huge_page - 64, "test-small");
+  BOOST_TEST(reinterpret_cast<std::uintptr_t>(small.data()) % ringkv::storage::alignment == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(moving_storage_transfers_ownership_and_releases_once) {
   trace::recorder r(16);
   {
