@@ -72,12 +72,17 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
 std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim,
                                  std::size_t positions) noexcept;
 
+/// Below this many multiply-adds (q_heads × window positions × head_dim) the pooled decode()
+/// runs on the caller: handing a step to the pool costs about as much.
+inline constexpr std::size_t min_split_work = std::size_t(1) << 15;
+
 /// decode() split across `pool`, with decode()'s bits whatever pool.size() is. With kv_heads a
-/// multiple of the pool's size (or a window within one segment) each task decodes a range of kv
-/// heads straight into `out`; otherwise each task computes one kv head's partial state over one
-/// segment into `scratch`, and the caller's thread merges the segments left to right
-/// (log-sum-exp, natural log) and normalises. One task (a size-1 pool, one kv head within one
-/// segment) runs inline. `scratch` holds at least split_scratch_floats(q_heads, head_dim,
+/// multiple of the pool's size (or a window within one segment, or one whose segments' states
+/// would not fit `scratch`) each task decodes a range of kv heads straight into `out`;
+/// otherwise each task computes one kv head's partial state over one segment into `scratch`,
+/// and the caller's thread merges the segments left to right (log-sum-exp, natural log) and
+/// normalises. One task (a size-1 pool, one kv head within one segment, less work than
+/// min_split_work) runs inline. `scratch` holds at least split_scratch_floats(q_heads, head_dim,
 /// keys.length()) floats and overlaps nothing else. Same checks as check_decode, plus the
 /// scratch's size (std::invalid_argument, `out` untouched); if the pool throws, `out` may be
 /// partly written. O(window · q_heads · head_dim / threads + segments · q_heads · head_dim),

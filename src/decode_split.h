@@ -23,6 +23,10 @@ struct segment_ranges {
   std::size_t total = 0;  // segments in all
 };
 
+/// Below this many multiply-adds (query heads × window positions × head_dim) a step runs on the
+/// caller: handing it to the pool costs about as much (a few µs).
+inline constexpr std::size_t min_split_work = std::size_t(1) << 15;
+
 /// How one decode step is split; tasks == 1 means: call decode() inline.
 struct split_plan {
   segment_ranges segments;
@@ -34,10 +38,11 @@ struct split_plan {
 /// The segments of `w` that hold positions; O(runs).
 segment_ranges segments_of(const window& w);
 
-/// The split for `threads` threads: by kv heads when they divide evenly among the threads or
-/// the window is one segment (at most min(kv_heads, threads) tasks), else by (kv head,
-/// segment). O(runs).
-split_plan plan_split(const problem& p, std::size_t threads);
+/// The split for `threads` threads: none below min_split_work; by kv heads when they divide
+/// evenly among the threads, the window is one segment, or its segments' partial states would
+/// not fit `scratch_floats` (at most min(kv_heads, threads) tasks); else by (kv head, segment).
+/// O(runs).
+split_plan plan_split(const problem& p, std::size_t threads, std::size_t scratch_floats);
 
 /// Floats of scratch a plan may need for `positions` window positions in any phase and runs
 /// (at most positions / segment_positions + 3 segments, × q_heads · (head_dim + 2)); O(1).

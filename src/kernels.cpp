@@ -21,6 +21,7 @@ namespace ringkv::kernels {
 // The exported constants describe the kernels' arithmetic; they must be the kernels' own.
 static_assert(block_positions == simd::block_positions);
 static_assert(segment_positions == simd::segment_positions);
+static_assert(min_split_work == simd::min_split_work);
 static_assert(max_head_dim == simd::max_head_dim);
 static_assert(windowed_kv::max_runs == simd::max_runs);
 
@@ -211,16 +212,11 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
     refuse(caller, "scratch overlaps out, query or sinks");
   const simd::problem p = problem_of(query, keys, values, s);
   const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
-  const simd::split_plan plan = simd::plan_split(p, pool.size());
+  const simd::split_plan plan = simd::plan_split(p, pool.size(), scratch.size());
   if (plan.tasks == 1) {
     simd::decode(p, sink_logits, out.data());
     return;
   }
-  // The bound above holds for windows with at most one gap (after pinned sinks, as windowed_kv
-  // allows); this keeps the scratch in bounds whatever a window looks like.
-  if (plan.by_segment && plan.segments.total * q_heads * (keys.head_dim() + 2) > scratch.size())
-    throw std::logic_error(std::string(caller) + ": the window spans more segments than "
-                           "split_scratch_floats allows for");
   pool.parallel_for(plan.tasks, [&](std::size_t task) {
     simd::run_split_task(p, plan, task, sink_logits, out.data(), scratch.data());
   });

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #include <range/v3/iterator/operations.hpp>
 #include <range/v3/range/operations.hpp>
@@ -473,6 +474,55 @@ BOOST_FIXTURE_TEST_CASE(kernels_decode_refuses_a_scratch_too_small_with_out_unto
   scratch.resize(need);
   kernels::decode(r.query(), r.keys(p), r.values(p), out, 0.0f, {}, pool, scratch);
   BOOST_TEST(same_bits(out, unsplit(r, p, out.size())));
+}
+
+// A pool call costs about what a tiny step does: less work than min_split_work stays on the
+// caller. 8 query heads × 32 dims × W: W 128 is exactly the minimum.
+BOOST_AUTO_TEST_CASE(a_step_with_less_than_the_minimum_work_runs_on_the_caller) {
+  BOOST_REQUIRE(8 * 32 * 128 == kernels::min_split_work);
+  for (const auto& [window, calls] : {std::pair<std::size_t, std::size_t>{127, 0}, {128, 1}}) {
+    const shape s{8, 2, 32, window, 0, false};
+    ring r(s);
+    const std::size_t p = r.at(3 * window + 5);
+    BOOST_REQUIRE(r.keys(p).length() == window);
+    reverse_pool pool(2);
+    const windowed_attention attention(ringkv::attention_options{.pool = &pool});
+    const std::vector<float> out = decoded(attention, r, p, 8 * 32);
+    BOOST_TEST(pool.calls == calls, "W " << window);
+    BOOST_TEST(same_bits(out, unsplit(r, p, out.size())), "W " << window);
+  }
+}
+
+// split_scratch_floats covers a window with one gap (after pinned sinks); a hand-made window of
+// four runs, each across a segment boundary, spans 8 segments where the bound allows 3: the
+// step splits by kv heads instead and keeps the bits.
+BOOST_AUTO_TEST_CASE(a_window_with_more_gaps_than_the_scratch_allows_splits_by_kv_heads) {
+  constexpr std::size_t q_heads = 6, kv_heads = 3, dim = 16, per_run = 100, runs = 4;
+  constexpr std::size_t rows = runs * per_run;
+  std::vector<float> k(kv_heads * rows * dim), v(k.size()), q(q_heads * dim);
+  std::uint32_t x = 7;
+  for (auto* buf : {&k, &v, &q})
+    for (float& f : *buf) f = float(int32_t(x = x * 1664525u + 1013904223u)) * 0x1.0p-31f;
+  const auto window_of = [&](std::vector<float>& buf) {
+    std::vector<ringkv::kv_run> parts;
+    for (std::size_t i = 0; i < runs; ++i)  // positions 1000 … 1099 of every 4096
+      parts.push_back({ringkv::tensor_view(reinterpret_cast<std::byte*>(buf.data() + i * per_run * dim),
+                                           ringkv::dtype::f32, kv_heads, per_run, dim, rows * dim, dim),
+                       i * 4096 + 1000});
+    return windowed_kv(parts);
+  };
+  const windowed_kv keys = window_of(k), values = window_of(v);
+  BOOST_REQUIRE(keys.runs().size() == runs);
+  BOOST_REQUIRE(q_heads * rows * dim >= kernels::min_split_work);
+  std::vector<float> expected(q_heads * dim), out(expected.size());
+  kernels::decode(q, keys, values, expected);
+  std::vector<float> scratch(kernels::split_scratch_floats(q_heads, dim, rows));
+  BOOST_REQUIRE(scratch.size() < 8 * q_heads * (dim + 2));
+  reverse_pool pool(2);  // 3 kv heads on 2 threads: by segment, were there room
+  kernels::decode(q, keys, values, out, 0.0f, {}, pool, scratch);
+  BOOST_TEST(pool.calls == 1u);
+  BOOST_TEST(pool.tasks == 2u);
+  BOOST_TEST(same_bits(out, expected));
 }
 
 // Two threads step one pooled object at once: one of them may find the scratch taken and run
