@@ -7,7 +7,9 @@ GB/s against W.
     report.py ATTENTION_JSON [--compressed COMPRESSED_JSON] [--plot DIR]
 
 attention_bench's variants report `kv_bytes` (the unique K+V bytes one step must read, as
-stored) and `x_roof` (time over a streaming read of those bytes, same thread count, same run)."""
+stored) and `x_roof`; the tables compute × roof from the fastest repetitions of the variant and of
+its streaming read (roof, roof2, roof16, roof16_2) in the same run instead, so that both numbers
+of a cell come from the same measurements."""
 import json
 import os
 import re
@@ -75,11 +77,22 @@ def micros(b):
     return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
 
 
-def cell(b, ggml=None):
+def roof_of(name, threads):
+    """The streaming read a variant is measured against: the same bytes, as many threads (none
+    for the 4-bit variant, whose bytes no roof here reads)."""
+    if name == "tq4":
+        return None
+    halves = name.endswith("_f16") or name.endswith("_bf16")
+    return {(False, 1): "roof", (False, 2): "roof2", (True, 1): "roof16", (True, 2): "roof16_2"}[
+        (halves, threads)]
+
+
+def cell(b, roof=None, ggml=None):
+    """µs (× the roof's fastest repetition in the same run, GB/s) [speed-up over ggml]."""
     if not b:
         return "–"
     t = micros(b)
-    ratio = f"{b['x_roof']:.2f}×, " if "x_roof" in b else ""
+    ratio = f"{t / micros(roof):.2f}×, " if roof else ""
     text = f"{t:,.1f} ({ratio}{b['kv_bytes'] / t / 1e3:.0f} GB/s)"
     if ggml:
         text += f" **{ggml / t:.1f}× ggml**"
@@ -100,7 +113,9 @@ def table(runs, threads):
         cells = []
         for name, _, thr, gtype in cols:
             g = ggml.get(gtype) if gtype else None
-            cells.append(cell(runs.get((d, w, kv, name)), g[thr - 1] if g else None))
+            roof_name = roof_of(name, thr)
+            cells.append(cell(runs.get((d, w, kv, name)), runs.get((d, w, kv, roof_name)) if roof_name else None,
+                              g[thr - 1] if g else None))
         ggml_text = " / ".join(f"{g[threads - 1]:,.0f}" if g else "–" for g in ggml.values())
         lines.append(f"| {d} | {w} | {kv} | {roof['kv_bytes'] / 1e6:.1f} | "
                      f"{micros(roof):,.1f} ({roof['kv_bytes'] / micros(roof) / 1e3:.0f}) | "
@@ -151,7 +166,7 @@ def main(argv):
         load_compressed(argv[argv.index("--compressed") + 1], runs)
     print(f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, load average "
           f"{[round(x, 2) for x in context.get('load_avg', [])]}; fastest of the repetitions. Cells: µs per "
-          "step (× its time over a streaming read of the variant's own bytes with as many threads, same run; "
+          "step (× the fastest streaming read of the variant's own bytes with as many threads in the same run; "
           "unique bytes per second); bold: speed-up over ggml's figure for the same shape and threads. "
           "roof: the f32 bytes' streaming read.\n")
     print("### 1 thread\n")
