@@ -143,18 +143,28 @@ HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* ro
 /// Scores of rows [from, n) for one head, eight at a time.
 template <class Loader>
 HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
-                          std::size_t from, std::size_t n, std::size_t dim, float* s) {
+                          std::size_t from, std::size_t n, std::size_t dim, float* s,
+                          line_feed& feed) {
   std::size_t j = from;
-  for (; j + 8 <= n; j += 8) Score8x1<Loader>(d, q, k + j, dim, s + j);
+  for (; j + 8 <= n; j += 8) {
+    Score8x1<Loader>(d, q, k + j, dim, s + j);
+    feed.step();
+  }
   for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim);
 }
 
+/// Tile calls ScoreHeads makes for n rows and `heads` heads (the steps its feed is spread over).
+HWY_INLINE std::size_t ScoreTiles(std::size_t heads, std::size_t n) {
+  return heads / 2 * (n / 4) + heads % 2 * (n / 8);
+}
+
 /// Scores of n rows for `heads` query heads (rows qs + h·q_stride, scores s + h·s_stride):
-/// heads in pairs sharing each K load, four rows at a time; the rest one head at a time.
+/// heads in pairs sharing each K load, four rows at a time; the rest one head at a time. The
+/// feed gets a step after each tile.
 template <class Loader>
 HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
                            std::size_t heads, const std::byte* const* k, std::size_t n,
-                           std::size_t dim, float* s, std::size_t s_stride) {
+                           std::size_t dim, float* s, std::size_t s_stride, line_feed& feed) {
   std::size_t h = 0;
   for (; h + 2 <= heads; h += 2) {
     const float* qa = qs + h * q_stride;
@@ -162,11 +172,14 @@ HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_str
     float* sa = s + h * s_stride;
     float* sb = sa + s_stride;
     std::size_t j = 0;
-    for (; j + 4 <= n; j += 4) Score4x2<Loader>(d, qa, qb, k + j, dim, sa + j, sb + j);
-    ScoreRows<Loader>(d, qa, k, j, n, dim, sa);
-    ScoreRows<Loader>(d, qb, k, j, n, dim, sb);
+    for (; j + 4 <= n; j += 4) {
+      Score4x2<Loader>(d, qa, qb, k + j, dim, sa + j, sb + j);
+      feed.step();
+    }
+    ScoreRows<Loader>(d, qa, k, j, n, dim, sa, feed);
+    ScoreRows<Loader>(d, qb, k, j, n, dim, sb, feed);
   }
-  if (h < heads) ScoreRows<Loader>(d, qs + h * q_stride, k, 0, n, dim, s + h * s_stride);
+  if (h < heads) ScoreRows<Loader>(d, qs + h * q_stride, k, 0, n, dim, s + h * s_stride, feed);
 }
 
 /// Σ a[i]·b[i] for two unaligned arrays, neither padded (two chains, then across lanes).

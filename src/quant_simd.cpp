@@ -262,12 +262,12 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
       float* extra = scratch + used;
       float* sq = extra + RoundUp(4 * count + count * dim, block_positions);
       PrepareQueries(cp, c, scratch, sq);
-      auto collect = [&](std::size_t pos, std::size_t end, block_rows& b) {
+      auto collect = [&](std::size_t pos, std::size_t end, block_rows& b, line_feed&) {
         ExpandRows(cp.values, t.value_levels, kv, pos, end, padded, t.v, t, b.v, nullptr);
         return ExpandRows(cp.keys, t.key_levels, kv, pos, end, padded, t.k, t, b.k,
                           qjl ? t.z : nullptr);
       };
-      auto correct = [&](const block_rows& b) {
+      auto correct = [&](const block_rows& b, line_feed&) {
         if (!qjl) return;
         for (std::size_t h = 0; h < c.count; ++h)
           for (std::size_t j = 0; j < b.n; ++j)

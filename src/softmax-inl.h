@@ -51,9 +51,11 @@ HWY_INLINE state Rows(const state& s, std::size_t q0, std::size_t head_dim) {
 
 /// Scores of the block's rows for every head of the chunk; lanes past the rows are −inf.
 template <class Loader>
-HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b) {
+HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
+                           line_feed& feed) {
   ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores,
-                     block_positions);
+                     block_positions, feed);
+  feed.drain();
   if (b.n < block_positions)
     for (std::size_t h = 0; h < c.count; ++h)
       std::fill(c.scores + h * block_positions + b.n, c.scores + (h + 1) * block_positions,
@@ -175,10 +177,16 @@ HWY_INLINE VF AccumulateOne(DF d, const float* p, const block_rows& b, At at) {
 /// One head's slice [i, head_dim) with the widest one-head tiles that fit.
 template <class Loader>
 HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const block_rows& b,
-                               std::size_t i, float r, float* acc) {
+                               std::size_t i, float r, float* acc, line_feed& feed) {
   const std::size_t N = hn::Lanes(d);
-  for (; i + 8 * N <= head_dim; i += 8 * N) Accumulate1x8<Loader>(d, p, b, i, r, acc);
-  for (; i + 4 * N <= head_dim; i += 4 * N) Accumulate1x4<Loader>(d, p, b, i, r, acc);
+  for (; i + 8 * N <= head_dim; i += 8 * N) {
+    Accumulate1x8<Loader>(d, p, b, i, r, acc);
+    feed.step();
+  }
+  for (; i + 4 * N <= head_dim; i += 4 * N) {
+    Accumulate1x4<Loader>(d, p, b, i, r, acc);
+    feed.step();
+  }
   for (; i + N <= head_dim; i += N)
     Fold(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, vector_at<Loader>{d, i}));
   if (i < head_dim) {
@@ -188,11 +196,19 @@ HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const
   }
 }
 
+/// Tile calls AccumulateBlock makes (the steps its feed is spread over).
+HWY_INLINE std::size_t AccumulateTiles(DF d, std::size_t heads, std::size_t head_dim) {
+  const std::size_t N = hn::Lanes(d);
+  const std::size_t lone = head_dim / (8 * N) + head_dim % (8 * N) / (4 * N);
+  return heads / 2 * (head_dim / (4 * N)) + heads % 2 * lone;
+}
+
 /// Folds the block's V rows into every head's accumulator: heads in pairs sharing each V load,
-/// a lone head on its own; the block's rows stay in L1 from one pair to the next.
+/// a lone head on its own; the block's rows stay in L1 from one pair to the next. The feed gets
+/// a step after each tile.
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
-                                const state& s) {
+                                const state& s, line_feed& feed) {
   const std::size_t N = hn::Lanes(d);
   std::size_t h = 0;
   for (; h + 2 <= c.count; h += 2) {
@@ -201,63 +217,52 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
     float* acc_a = s.acc + h * head_dim;
     float* acc_b = acc_a + head_dim;
     std::size_t i = 0;
-    for (; i + 4 * N <= head_dim; i += 4 * N)
+    for (; i + 4 * N <= head_dim; i += 4 * N) {
       Accumulate2x4<Loader>(d, pa, pb, b, i, c.rescale[h], c.rescale[h + 1], acc_a, acc_b);
-    AccumulateRest<Loader>(d, head_dim, pa, b, i, c.rescale[h], acc_a);
-    AccumulateRest<Loader>(d, head_dim, pb, b, i, c.rescale[h + 1], acc_b);
+      feed.step();
+    }
+    AccumulateRest<Loader>(d, head_dim, pa, b, i, c.rescale[h], acc_a, feed);
+    AccumulateRest<Loader>(d, head_dim, pb, b, i, c.rescale[h + 1], acc_b, feed);
   }
   if (h < c.count)
     AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b, 0, c.rescale[h],
-                           s.acc + h * head_dim);
-}
-
-/// Asks for every cache line of the rows ahead of their use. Tiles read a slice of four or eight
-/// rows side by side, a pattern the hardware prefetcher follows poorly from L3 or memory.
-HWY_INLINE void PrefetchRows(const std::byte* const* rows, std::size_t n, std::size_t row_bytes) {
-  for (std::size_t j = 0; j < n; ++j)
-    for (std::size_t offset = 0; offset < row_bytes; offset += 64)
-      __builtin_prefetch(rows[j] + offset, 0, 2);
-}
-
-/// Prefetches kv head h's K rows of the block that starts at window position `pos` (if < hi).
-HWY_INLINE void PrefetchBlock(const window& keys, std::size_t h, std::size_t pos, std::size_t hi,
-                              std::size_t row_bytes) {
-  if (pos >= hi) return;
-  const std::byte* rows[block_positions];
-  const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
-  PrefetchRows(rows, CollectRows(keys, h, pos, end, rows), row_bytes);
+                           s.acc + h * head_dim, feed);
+  feed.drain();
 }
 
 /// Continues the chunk's state `s` (its rows) over the positions of `positions` in [from, to),
 /// one block of absolute positions at a time; blocks that hold no window position are skipped.
-/// collect(pos, end, b) fills b's K and V rows of positions [pos, end) and returns how many;
-/// adjust(b) runs once the block's scores are computed, before the softmax step: it may change
-/// them (e.g. add a correction) or ask for rows the next block needs.
+/// collect(pos, end, b, feed) fills b's K and V rows of positions [pos, end), returns how many,
+/// and may start `feed` with rows to prefetch while the block's scores are computed;
+/// adjust(b, feed) runs once the scores are computed, before the softmax step: it may change
+/// them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are summed.
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
                              std::size_t from, std::size_t to, const state& s, Collect&& collect,
                              Adjust&& adjust) {
   const DF d;
   block_rows b;
+  line_feed while_scoring, while_summing;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
     const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
-    b.n = collect(pos, end, b);
-    ScoreBlock<Loader>(d, head_dim, c, b);
-    adjust(b);
+    b.n = collect(pos, end, b, while_scoring);
+    ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
+    adjust(b, while_summing);
     ExpBlock(c, s);
-    AccumulateBlock<Loader>(d, head_dim, c, b, s);
+    AccumulateBlock<Loader>(d, head_dim, c, b, s, while_summing);
     pos = NextPosition(positions, end);
   }
 }
 
 /// AttendBlocks over the problem's own K/V rows, with software prefetches timed so the L1 (32 KiB
-/// here) holds only what is in use: this block's V rows are asked for before its scores (they
-/// arrive while the scores and exps are computed), the next block's K rows once this block's
-/// scores are done (they arrive while its V rows are summed). Measured against prefetching the
-/// next K rows before the scores with V left to the hardware (5 alternating rounds, D 64/128,
-/// huge-page buffers): 5–32 % faster on every shape past the L2, 3–8 % slower on L2-resident ones.
-/// No software prefetch at all was 45 % slower at W 4096, kv 2.
+/// here) holds only what is in use, and trickled between tiles: this block's V rows are fed
+/// while its scores are computed, the next block's K rows while its V rows are summed.
+/// Measured (A/B binaries alternated 5 rounds, D 64/128, huge-page buffers): timing the bursts
+/// this way (V before the scores, K after them) was 5–32 % faster than the next block's K ahead
+/// of the scores on every shape past the L2; trickling them instead of bursts another 10–40 %
+/// on shapes past the L3 (a burst stalls on the L1's miss buffers), at a cost of 5–20 % on
+/// L2/L3-resident ones. No software prefetch at all was 45 % slower at W 4096, kv 2.
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
@@ -266,12 +271,19 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
   std::size_t next = 0;
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
-      [&](std::size_t pos, std::size_t end, block_rows& b) {
+      [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
         next = NextPosition(p.keys, end);
-        PrefetchRows(b.v, CollectRows(p.values, c.kv_head, pos, end, b.v), row_bytes);
+        const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
+        std::copy(b.v, b.v + n, feed.rows);
+        feed.start(n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
-      [&](const block_rows&) { PrefetchBlock(p.keys, c.kv_head, next, hi, row_bytes); });
+      [&](const block_rows&, line_feed& feed) {
+        if (next >= hi) return;
+        const std::size_t last = std::min(next / block_positions * block_positions + block_positions, hi);
+        feed.start(CollectRows(p.keys, c.kv_head, next, last, feed.rows), row_bytes,
+                   AccumulateTiles(DF(), c.count, p.head_dim));
+      });
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
