@@ -167,11 +167,13 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
 /// worth of prefetch instructions stalls on the L1's miss buffers (measured: up to 15 % of a
 /// step's samples on them), a trickle keeps those buffers busy without stalling.
 struct line_feed {
-  const std::byte* rows[block_positions];
+  const std::byte* const* rows = nullptr;  // the caller's, alive until the feed is drained
   std::size_t n = 0, row_bytes = 0, row = 0, offset = 0, per_step = 0;
 
-  /// Feeds the lines of rows[0, n) over about `steps` calls of step().
-  HWY_INLINE void start(std::size_t rows_n, std::size_t bytes, std::size_t steps) {
+  /// Feeds the lines of rows_in[0, rows_n) over about `steps` calls of step().
+  HWY_INLINE void start(const std::byte* const* rows_in, std::size_t rows_n, std::size_t bytes,
+                        std::size_t steps) {
+    rows = rows_in;
     n = rows_n;
     row_bytes = bytes;
     row = offset = 0;
@@ -194,6 +196,11 @@ struct line_feed {
     n = 0;
   }
 };
+
+/// One past the last position of the block (of absolute positions) that holds `pos`, at most hi.
+HWY_INLINE std::size_t BlockEnd(std::size_t pos, std::size_t hi) {
+  return std::min(pos / block_positions * block_positions + block_positions, hi);
+}
 
 /// One past the newest position of the window.
 HWY_INLINE std::size_t WindowEnd(const window& w) {

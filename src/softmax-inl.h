@@ -245,7 +245,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   line_feed while_scoring, while_summing;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
-    const std::size_t end = std::min(pos / block_positions * block_positions + block_positions, hi);
+    const std::size_t end = BlockEnd(pos, hi);
     b.n = collect(pos, end, b, while_scoring);
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
     adjust(b, while_summing);
@@ -268,21 +268,20 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
                             const state& s) {
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
-  std::size_t next = 0;
+  std::size_t next = 0;                   // the next block's first position
+  const std::byte* ahead[block_positions];  // its K rows, fed while this block's V is summed
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
         next = NextPosition(p.keys, end);
         const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
-        std::copy(b.v, b.v + n, feed.rows);
-        feed.start(n, row_bytes, ScoreTiles(c.count, n));
+        feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
       [&](const block_rows&, line_feed& feed) {
         if (next >= hi) return;
-        const std::size_t last = std::min(next / block_positions * block_positions + block_positions, hi);
-        feed.start(CollectRows(p.keys, c.kv_head, next, last, feed.rows), row_bytes,
-                   AccumulateTiles(DF(), c.count, p.head_dim));
+        feed.start(ahead, CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead),
+                   row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
 }
 
