@@ -165,7 +165,10 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
 
 /// Cache lines to prefetch a few at a time, between the tiles of a block: a burst of a block's
 /// worth of prefetch instructions stalls on the L1's miss buffers (measured: up to 15 % of a
-/// step's samples on them), a trickle keeps those buffers busy without stalling.
+/// step's samples on them), a trickle keeps those buffers busy without stalling. step() works on
+/// copies in registers: walking the members themselves kept them in memory, a store-forward per
+/// line, and that bookkeeping cost more than the prefetches saved on cache-resident windows
+/// (A/B, fastest of 15 runs: D 128 / W 256 / kv 8 81.9 → 70.0 µs, W 32768 / kv 8 20.3 → 17.5 ms).
 struct line_feed {
   const std::byte* const* rows = nullptr;  // the caller's, alive until the feed is drained
   std::size_t n = 0, row_bytes = 0, row = 0, offset = 0, per_step = 0;
@@ -181,13 +184,19 @@ struct line_feed {
     per_step = (lines + steps - 1) / std::max<std::size_t>(steps, 1);
   }
   HWY_INLINE void step() {
-    for (std::size_t k = 0; k < per_step && row < n; ++k) {
-      __builtin_prefetch(rows[row] + offset, 0, 2);
-      if ((offset += 64) >= row_bytes) {
-        offset = 0;
-        ++row;
+    const std::byte* const* rs = rows;
+    const std::size_t nn = n, rb = row_bytes;
+    std::size_t r = row, off = offset;
+    for (std::size_t k = per_step; k != 0 && r < nn; --k) {
+      __builtin_prefetch(rs[r] + off, 0, 2);
+      off += 64;
+      if (off >= rb) {
+        off = 0;
+        ++r;
       }
     }
+    row = r;
+    offset = off;
   }
   /// Asks for every line not asked for yet.
   HWY_INLINE void drain() {
