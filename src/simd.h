@@ -21,6 +21,10 @@ namespace ringkv::simd {
 inline constexpr std::size_t block_positions = 16;
 inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
+// Decode prefetches K/V rows itself only when the step reads more than this many bytes: a window
+// that small is likely still in the caches, where the hardware prefetchers keep up and the
+// software ones only take load slots (measured in softmax-inl.h, AttendRange).
+inline constexpr std::size_t prefetch_min_bytes = std::size_t(8) << 20;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;

@@ -255,19 +255,31 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
-/// AttendBlocks over the problem's own K/V rows, with software prefetches timed so the L1 (32 KiB
-/// here) holds only what is in use, and trickled between tiles: this block's V rows are fed
-/// while its scores are computed, the next block's K rows while its V rows are summed.
+/// Bytes of K and V rows a whole decode step over `p` reads (every kv head, both windows).
+HWY_INLINE std::size_t StepBytes(const problem& p, std::size_t element_bytes) {
+  std::size_t positions = 0;
+  for (std::size_t r = 0; r < p.keys.run_count; ++r) positions += p.keys.runs[r].count;
+  return 2 * positions * p.kv_heads * p.head_dim * element_bytes;
+}
+
+/// AttendBlocks over the problem's own K/V rows. When the step reads more than
+/// prefetch_min_bytes, with software prefetches timed so the L1 (32 KiB here) holds only what is
+/// in use, and trickled between tiles: this block's V rows are fed while its scores are
+/// computed, the next block's K rows while its V rows are summed.
 /// Measured (A/B binaries alternated 5 rounds, D 64/128, huge-page buffers): timing the bursts
 /// this way (V before the scores, K after them) was 5–32 % faster than the next block's K ahead
 /// of the scores on every shape past the L2; trickling them instead of bursts another 10–40 %
-/// on shapes past the L3 (a burst stalls on the L1's miss buffers), at a cost of 5–20 % on
-/// L2/L3-resident ones. No software prefetch at all was 45 % slower at W 4096, kv 2.
+/// on shapes past the L3 (a burst stalls on the L1's miss buffers). Without software prefetch
+/// (hardware prefetchers only): 1.9× slower at D 128 / W 4096 / kv 8 (33.6 MB, past the L3),
+/// 1.2× at D 64 / W 4096 / kv 8 (16.8 MB), the same at D 128 / W 4096 / kv 2 (8.4 MB), and faster
+/// below: 1.2× at 4.2 MB, 1.3–1.6× at W 256 (0.3–2.1 MB), where the prefetches of lines already
+/// cached only took load slots (one per line: at 8 kv heads ~40 % more loads than the tiles').
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
+  const bool prefetch = StepBytes(p, sizeof(typename Loader::type)) > prefetch_min_bytes;
   std::size_t next = 0;                   // the next block's first position
   const std::byte* ahead[block_positions];  // its K rows, fed while this block's V is summed
   AttendBlocks<Loader>(
@@ -275,11 +287,11 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
         next = NextPosition(p.keys, end);
         const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
-        feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
+        if (prefetch) feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
       [&](const block_rows&, line_feed& feed) {
-        if (next >= hi) return;
+        if (!prefetch || next >= hi) return;
         feed.start(ahead, CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead),
                    row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
