@@ -3,6 +3,7 @@
 // ringkv.kernels; nothing is copied or allocated per step. decode_step_gathered is the path for
 // callers that want one contiguous run: it copies K and V into a scope, traced.
 module;
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -149,6 +150,14 @@ std::size_t check_store(const kv_cache_store& store, std::size_t layer, std::siz
 /// First position of the rolling part of the window of the token at p (window W, keep S pinned
 /// sinks: the token sees 0 … S-1 and p-(W-S)+1 … p once p + 1 > W; before, 0 … p); O(1).
 std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;
+/// Appends one token's k and v rows to `layer` and returns {keys, values}: the window of
+/// `window` positions that token sees, as views valid until `arena` is next reset (reset here
+/// first if it holds anything; a store that cannot hand out its rows copies into it). What the
+/// decode stream and prefill over a store other than the default one do per token; O(row +
+/// runs), plus the copy for such stores.
+std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t layer,
+                                             std::span<const float> k, std::span<const float> v,
+                                             std::size_t window, scope& arena);
 
 }  // namespace ringkv::detail
 

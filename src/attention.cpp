@@ -1,5 +1,6 @@
 // ringkv.attention: checks, the optional kernel_run trace, and the gather path around the kernels.
 module;
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -126,6 +127,16 @@ std::size_t check_store(const kv_cache_store& store, std::size_t layer, std::siz
 
 std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept {
   return p + 1 > window ? p + 1 - (window - keep) : 0;
+}
+
+std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t layer,
+                                             std::span<const float> k, std::span<const float> v,
+                                             std::size_t window, scope& arena) {
+  const std::size_t p = store.append(layer, k, v);
+  const std::size_t from = window_from(p, window, store.options().keep);
+  if (arena.live() > 0) arena.reset();
+  return {store.key_window(layer, from, p + 1, arena),
+          store.value_window(layer, from, p + 1, arena)};
 }
 
 }  // namespace ringkv::detail

@@ -149,13 +149,11 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
     if (fast == nullptr) {
       // A store whose rows may change on the way in (compressed) or out: the decode loop itself.
       for (std::size_t i = 0; i < s.tokens; ++i) {
-        const std::size_t p = store.append(layer, keys.subspan(i * s.kv_row, s.kv_row),
-                                           values.subspan(i * s.kv_row, s.kv_row));
-        const std::size_t from = detail::window_from(p, s.window, keep);
-        if (arena().live() > 0) arena().reset();
-        kernels::decode(queries.subspan(i * s.q_row, s.q_row),
-                        store.key_window(layer, from, p + 1, arena()),
-                        store.value_window(layer, from, p + 1, arena()),
+        const auto [k, v] = detail::append_and_window(store, layer,
+                                                      keys.subspan(i * s.kv_row, s.kv_row),
+                                                      values.subspan(i * s.kv_row, s.kv_row),
+                                                      s.window, arena());
+        kernels::decode(queries.subspan(i * s.q_row, s.q_row), k, v,
                         out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
       }
       return;

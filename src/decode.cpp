@@ -40,11 +40,7 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
                 const decode_options& o, std::size_t window, const windowed_attention& attention,
                 scope& arena, std::span<float> out) {
-  const std::size_t p = store.append(layer, t.k, t.v);
-  const std::size_t from = window_from(p, window, store.options().keep);
-  if (arena.live() > 0) arena.reset();
-  const windowed_kv keys = store.key_window(layer, from, p + 1, arena);
-  const windowed_kv values = store.value_window(layer, from, p + 1, arena);
+  const auto [keys, values] = append_and_window(store, layer, t.k, t.v, window, arena);
   if (o.gather)
     attention.decode_step_gathered(t.q, keys, values, out, arena, o.scale, o.sinks);
   else

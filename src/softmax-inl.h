@@ -272,8 +272,9 @@ HWY_INLINE std::size_t StepBytes(const problem& p, std::size_t element_bytes) {
 /// on shapes past the L3 (a burst stalls on the L1's miss buffers). Without software prefetch
 /// (hardware prefetchers only): 1.9× slower at D 128 / W 4096 / kv 8 (33.6 MB, past the L3),
 /// 1.2× at D 64 / W 4096 / kv 8 (16.8 MB), the same at D 128 / W 4096 / kv 2 (8.4 MB), and faster
-/// below: 1.2× at 4.2 MB, 1.3–1.6× at W 256 (0.3–2.1 MB), where the prefetches of lines already
-/// cached only took load slots (one per line: at 8 kv heads ~40 % more loads than the tiles').
+/// below, where prefetching lines already cached only takes load slots (one per line: at 8 kv
+/// heads ~40 % more loads than the tiles'): D 64 / W 4096 / kv 2 (4.2 MB) 255 → 220 µs,
+/// D 128 / W 256 / kv 8 (2.1 MB) 72.7 → 51.0 µs, D 64 / W 256 / kv 8 54.8 → 31.1 µs.
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
