@@ -60,9 +60,8 @@ segment_ranges segments_of(const window& w) {
 split_plan plan_split(const problem& p, std::size_t threads, std::size_t scratch_floats) {
   split_plan plan;
   plan.segments = segments_of(p.keys);
-  std::size_t positions = 0;
-  for (std::size_t r = 0; r < p.keys.run_count; ++r) positions += p.keys.runs[r].count;
-  if (threads <= 1 || p.q_heads * positions * p.head_dim < min_split_work) return plan;
+  if (threads <= 1 || p.q_heads * position_count(p.keys) * p.head_dim < min_split_work)
+    return plan;
   // split_scratch_floats covers windows with at most one gap (after pinned sinks); a window
   // with more may need more, and then splits by kv heads instead (the same bits either way).
   const bool fits = plan.segments.total * state_floats(p) <= scratch_floats;

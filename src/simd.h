@@ -49,6 +49,13 @@ struct window {
   element type = element::f32;
 };
 
+/// How many positions the window's runs hold; O(runs).
+inline std::size_t position_count(const window& w) {
+  std::size_t positions = 0;
+  for (std::size_t r = 0; r < w.run_count; ++r) positions += w.runs[r].count;
+  return positions;
+}
+
 /// One decode problem. Query head q reads kv head q / (q_heads / kv_heads).
 struct problem {
   const float* query = nullptr;  // [q_heads, head_dim]

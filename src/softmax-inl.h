@@ -257,9 +257,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
 
 /// Bytes of K and V rows a whole decode step over `p` reads (every kv head, both windows).
 HWY_INLINE std::size_t StepBytes(const problem& p, std::size_t element_bytes) {
-  std::size_t positions = 0;
-  for (std::size_t r = 0; r < p.keys.run_count; ++r) positions += p.keys.runs[r].count;
-  return 2 * positions * p.kv_heads * p.head_dim * element_bytes;
+  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes;
 }
 
 /// AttendBlocks over the problem's own K/V rows. When the step reads more than
