@@ -16,6 +16,23 @@
 #include <memory>
 #include <new>
 
+#include "simd.h"
+
+#ifndef RINGKV_TILE_BENCH_WORK_
+#define RINGKV_TILE_BENCH_WORK_  // once, though foreach_target.h includes this file per target
+namespace ringkv_bench {
+/// Floats of RunPart's scratch: q [heads, dim], scores [heads, 16], rescale, max and sum [heads]
+/// each padded to 16 floats (so acc stays 64-byte aligned), acc [heads, dim].
+constexpr std::size_t padded_heads(std::size_t heads) {
+  return (heads + ringkv::simd::block_positions - 1) / ringkv::simd::block_positions *
+         ringkv::simd::block_positions;
+}
+constexpr std::size_t work_floats(std::size_t dim, std::size_t heads) {
+  return 2 * heads * dim + heads * ringkv::simd::block_positions + 3 * padded_heads(heads);
+}
+}  // namespace ringkv_bench
+#endif
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tile_bench.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -32,7 +49,7 @@ namespace rs = ringkv::simd::HWY_NAMESPACE;
 enum part : int { block = 0, scores = 1, softmax = 2, values = 3 };
 
 /// Repeats one part `repeats` times over one block of 16 rows (`k`, `v`: [16, dim]) for `heads`
-/// query heads; `work` is 64-byte aligned scratch of WorkFloats(dim, heads) floats. Returns a
+/// query heads; `work` is 64-byte aligned scratch of work_floats(dim, heads) floats. Returns a
 /// value of the result so the work cannot be dropped.
 float RunPartImpl(int which, std::size_t dim, std::size_t heads, std::size_t repeats,
                   const float* k, const float* v, float* work) {
@@ -44,9 +61,9 @@ float RunPartImpl(int which, std::size_t dim, std::size_t heads, std::size_t rep
   float* q = work;                          // [heads, dim]
   c.scores = q + heads * dim;               // [heads, B]
   c.rescale = c.scores + heads * B;         // [heads]
-  float* max = c.rescale + B;               // [heads]
-  float* sum = max + B;                     // [heads]
-  float* acc = sum + B;                     // [heads, dim]
+  float* max = c.rescale + padded_heads(heads);  // [heads]
+  float* sum = max + padded_heads(heads);        // [heads]
+  float* acc = sum + padded_heads(heads);        // [heads, dim]
   for (std::size_t i = 0; i < heads * dim; ++i) q[i] = 1e-3f * float(i % 7);
   for (std::size_t h = 0; h < heads; ++h) {
     max[h] = rs::minus_infinity;
@@ -128,7 +145,7 @@ void tile(benchmark::State& state) {
     k[i] = float((i * 37) % 101) / 101.0f - 0.5f;
     v[i] = float((i * 53) % 103) / 103.0f - 0.5f;
   }
-  floats work = aligned_floats(2 * heads * dim + heads * rows + 3 * rows);
+  floats work = aligned_floats(work_floats(dim, heads));
   for (auto _ : state)
     benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(RunPartImpl)(
         which, dim, heads, repeats_per_iteration, k.get(), v.get(), work.get()));
