@@ -11,7 +11,8 @@
 //             f32 accumulation); their x_roof is against roof16
 // Counters: bytes_per_second = unique K+V bytes (as stored) per step / time; x_roof = time /
 // the roof time of the same bytes.
-// Run through scripts/bench (release build, JSON in build/bench/attention.json).
+// Run through scripts/bench (release build, JSON in build/bench/attention.json). Other windows:
+// RINGKV_BENCH_WINDOWS=256,1024,2048,4096 (comma-separated positions; the default is the grid above).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -21,10 +22,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -249,6 +253,24 @@ void scalar(benchmark::State& state, shape s) {
   measure(state, s, [&] { scalar_two_pass(l.query(), k, v, l.out(), l.scores(), shape::q_heads); });
 }
 
+/// The windows to measure: RINGKV_BENCH_WINDOWS (positions, comma-separated, e.g.
+/// "256,1024,2048,4096") or the issues' grid; refuses a list it cannot read.
+std::vector<std::size_t> windows() {
+  const char* list = std::getenv("RINGKV_BENCH_WINDOWS");
+  if (list == nullptr || *list == '\0') return {256, 4096, 32768};
+  std::vector<std::size_t> w;
+  for (const char* p = list;;) {
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(p, &end, 10);
+    if (end == p || n == 0 || (*end != ',' && *end != '\0'))
+      throw std::invalid_argument(std::string("RINGKV_BENCH_WINDOWS: expected positive window "
+                                              "sizes separated by commas, got \"") + list + '"');
+    w.push_back(n);
+    if (*end == '\0') return w;
+    p = end + 1;
+  }
+}
+
 /// The fastest repetition: on a machine shared with other work, the least disturbed one.
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
@@ -269,8 +291,15 @@ int main(int argc, char** argv) {
                                               {"roof16_2", roof, dtype::f16, 2},
                                               {"pair2_f16", pair2, dtype::f16, 2},
                                               {"pair_bf16", pair, dtype::bf16, 1}}};
+  std::vector<std::size_t> grid_windows;
+  try {
+    grid_windows = windows();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
   for (std::size_t dim : {64, 128})
-    for (std::size_t window : {256, 4096, 32768})
+    for (std::size_t window : grid_windows)
       for (std::size_t kv : {8, 2}) {
         const std::string name = "decode/D:" + std::to_string(dim) + "/W:" + std::to_string(window) +
                                  "/kv:" + std::to_string(kv) + "/";
