@@ -1,6 +1,8 @@
-// ringkv.parallel: default_thread_pool. One call at a time: the caller publishes the task and a
-// fresh counter under the mutex, bumps the generation and wakes the workers; everyone claims
-// indices from the counter; the caller returns when no worker is inside the call any more.
+// ringkv.parallel: default_thread_pool. One call at a time: the caller fills a slot with the task
+// and a fresh counter, bumps the generation (workers spinning see it; sleeping ones are woken);
+// everyone claims indices from the counter; the caller returns when no worker is inside the
+// call any more. No lock on that path: the mutex is only for sleeping and waking (and errors),
+// since each lock handed between the two cores cost a cache-line transfer a step.
 // Waits spin for a short while before they block: decode steps come back to back, and waking a
 // thread blocked in the kernel took ~10 µs here, more than a whole small step (measured, D 128,
 // W 256, 2 kv heads: 24 µs on one thread, 35 µs on two with blocking waits).
@@ -86,87 +88,112 @@ class default_thread_pool::shared {
 
   void run(std::size_t n, const task_ref& fn) {
     const std::lock_guard one_call(call_mutex_);
-    {
-      std::unique_lock lock(mutex_);
-      // A worker that woke late for the previous call may still be inside it (claiming nothing,
-      // since that counter is spent); the counter is reset only when it has left.
-      left_.wait(lock, [this] { return busy_.load(std::memory_order_relaxed) == 0; });
-      job_ = &fn;
-      n_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      failed_.store(false, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+    // A worker that joined the previous call late (claiming nothing) may still read its slot,
+    // the one the call after this writes: it must have left before that slot is rewritten.
+    await_no_worker();
+    const std::uint64_t g = generation_.load(std::memory_order_relaxed) + 1;  // callers only
+    call& c = calls_[g % 2];
+    c.job = &fn;
+    c.n = n;
+    c.next.store(0, std::memory_order_relaxed);
+    c.failed.store(false, std::memory_order_relaxed);
+    generation_.store(g);  // publishes the slot
+    if (sleepers_.load() != 0) {
+      { const std::lock_guard lock(mutex_); }  // a sleeper is inside wait() or saw g
+      wake_.notify_all();
     }
-    wake_.notify_all();
     {
       const running_guard guard(this);
-      take_tasks(fn, n);
+      take_tasks(c);
     }
-    // The fast path; the locked wait below is what decides.
-    spin_until([this] { return busy_.load(std::memory_order_acquire) == 0; });
-    std::unique_lock lock(mutex_);
-    // Every index is claimed now; a claimed task's worker is counted in busy_ until it is done.
-    left_.wait(lock, [this] { return busy_.load(std::memory_order_relaxed) == 0; });
-    job_ = nullptr;
-    n_ = 0;
-    if (std::exception_ptr error = std::exchange(error_, nullptr)) {
-      lock.unlock();
+    // Every index is claimed now; a worker that claimed one is counted in busy_ until done.
+    await_no_worker();
+    if (c.failed.load(std::memory_order_relaxed)) {
+      std::exception_ptr error;
+      {
+        const std::lock_guard lock(mutex_);
+        error = std::exchange(error_, nullptr);
+      }
       std::rethrow_exception(error);
     }
   }
 
  private:
+  /// One call's task and counter. Two slots, by generation parity: a worker late for call g
+  /// reads slot g % 2 while call g + 1 fills the other, and call g + 2 waits until it has left.
+  struct call {
+    const task_ref* job = nullptr;  // the caller's, alive for its call
+    std::size_t n = 0;
+    alignas(64) std::atomic<std::size_t> next{0};  // claimed by every thread: a line of its own
+    std::atomic<bool> failed{false};
+  };
+
   /// Claims and runs indices until the counter passes n; after a failure, claims and skips.
-  void take_tasks(const task_ref& fn, std::size_t n) {
-    for (std::size_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      if (failed_.load(std::memory_order_relaxed)) continue;
+  void take_tasks(call& c) {
+    for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) {
+      if (c.failed.load(std::memory_order_relaxed)) continue;
       try {
-        fn(i);
+        (*c.job)(i);
       } catch (...) {
-        keep(std::current_exception());  // rethrown by run(), on the caller's thread
+        keep(c, std::current_exception());  // rethrown by run(), on the caller's thread
       }
     }
   }
 
-  void keep(std::exception_ptr error) {
+  void keep(call& c, std::exception_ptr error) {
     const std::lock_guard lock(mutex_);
     if (!error_) error_ = std::move(error);
-    failed_.store(true, std::memory_order_relaxed);
+    c.failed.store(true, std::memory_order_relaxed);
+  }
+
+  /// The caller's wait until no worker is inside a call: spins, then sleeps on left_.
+  // The orderings are sequentially consistent (free on x86 but for the stores): a worker
+  // leaving (busy_ down, then caller_waiting_ read) and the caller going to sleep
+  // (caller_waiting_ set, then busy_ read) cannot both miss each other.
+  void await_no_worker() {
+    const auto none = [this] { return busy_.load() == 0; };
+    if (spin_until(none)) return;
+    std::unique_lock lock(mutex_);
+    caller_waiting_.store(true);
+    left_.wait(lock, none);
+    caller_waiting_.store(false, std::memory_order_relaxed);
+  }
+
+  /// A worker's wait for a call after `seen`: spins, then sleeps on wake_; false when stopped.
+  bool await_call(std::uint64_t seen, std::stop_token& stop) {
+    const auto called = [&] { return generation_.load() != seen; };
+    if (spin_until([&] { return called() || stop.stop_requested(); })) return called();
+    std::unique_lock lock(mutex_);
+    sleepers_.fetch_add(1);  // then generation_ read in wait(): see run()
+    const bool woken = wake_.wait(lock, stop, called);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    return woken;
   }
 
   void work(std::stop_token stop) {
     const running_guard guard(this);
-    std::uint64_t seen = 0;
-    const auto called = [&] { return generation_.load(std::memory_order_acquire) != seen; };
-    for (;;) {
-      spin_until([&] { return called() || stop.stop_requested(); });
-      std::unique_lock lock(mutex_);
-      if (!wake_.wait(lock, stop, called)) return;
-      seen = generation_.load(std::memory_order_relaxed);
-      if (job_ == nullptr) continue;  // woke after that call ended
-      const task_ref* fn = job_;
-      const std::size_t n = n_;
-      busy_.fetch_add(1, std::memory_order_relaxed);
-      lock.unlock();
-      take_tasks(*fn, n);
-      lock.lock();
-      if (busy_.fetch_sub(1, std::memory_order_release) == 1) left_.notify_all();
+    for (std::uint64_t seen = 0; await_call(seen, stop);) {
+      busy_.fetch_add(1);  // before reading which call to join: see call
+      seen = generation_.load();
+      take_tasks(calls_[seen % 2]);
+      if (busy_.fetch_sub(1) == 1 && caller_waiting_.load()) {
+        { const std::lock_guard lock(mutex_); }  // the caller is inside wait() or saw busy_ 0
+        left_.notify_all();
+      }
     }
   }
 
   const std::size_t threads_;
   std::mutex call_mutex_;  // serialises parallel_for calls from several threads
-  std::mutex mutex_;       // guards what follows up to next_
+  std::mutex mutex_;       // for sleeping and waking, and error_
   std::condition_variable_any wake_;
   std::condition_variable left_;
-  const task_ref* job_ = nullptr;  // the running call's task (on its caller's stack)
-  std::size_t n_ = 0;
-  // Written under mutex_; atomic so that spinning waits may read them without it.
-  std::atomic<std::uint64_t> generation_{0};  // bumped per call: workers wait for a change
-  std::atomic<std::size_t> busy_{0};          // workers inside the current call
-  std::exception_ptr error_;      // the first exception of the current call
-  std::atomic<std::size_t> next_{0};
-  std::atomic<bool> failed_{false};
+  std::exception_ptr error_;  // the first exception of the current call
+  call calls_[2];
+  alignas(64) std::atomic<std::uint64_t> generation_{0};  // call count: workers wait for a change
+  std::atomic<std::size_t> sleepers_{0};                  // workers asleep (or going) on wake_
+  alignas(64) std::atomic<std::size_t> busy_{0};          // workers inside a call
+  std::atomic<bool> caller_waiting_{false};               // run() asleep (or going) on left_
   std::vector<std::jthread> workers_;
 };
 

@@ -69,6 +69,27 @@ void busy_for(std::chrono::microseconds micros) {
   }
 }
 
+/// Runs size() tasks that each wait until all have started: they can only all meet if size()
+/// threads run them at once, the caller being one of them. Returns whether they met (a broken
+/// pool gives false after 5 s instead of hanging) and which thread ran each task.
+std::pair<bool, std::vector<std::thread::id>> meet_at_once(ringkv::thread_pool& pool) {
+  const std::size_t threads = pool.size();
+  std::atomic<std::size_t> started{0};
+  std::atomic<bool> all_met{true};
+  std::vector<std::thread::id> ran_on(threads);
+  pool.parallel_for(threads, [&](std::size_t i) {
+    ran_on[i] = std::this_thread::get_id();
+    started.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (started.load() < threads)
+      if (std::chrono::steady_clock::now() > deadline) {
+        all_met = false;
+        return;
+      }
+  });
+  return {all_met.load(), ran_on};
+}
+
 // ---- a wrapped ring and its windows ---------------------------------------------------------
 
 struct shape {
@@ -198,25 +219,11 @@ BOOST_AUTO_TEST_CASE(a_pool_of_one_runs_every_task_on_the_caller_in_order) {
   BOOST_TEST(threads == std::set<std::thread::id>{std::this_thread::get_id()});
 }
 
-// size() tasks that each wait until all have started can only finish if size() threads run them
-// at once, the caller being one of them (a broken pool fails the check after 5 s, not hangs).
 BOOST_AUTO_TEST_CASE(the_caller_and_every_worker_run_tasks_at_the_same_time) {
   for (std::size_t threads : {2, 3, 4}) {
     default_thread_pool pool(threads);
-    std::atomic<std::size_t> started{0};
-    std::atomic<bool> all_met{true};
-    std::vector<std::thread::id> ran_on(threads);
-    pool.parallel_for(threads, [&](std::size_t i) {
-      ran_on[i] = std::this_thread::get_id();
-      started.fetch_add(1);
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (started.load() < threads)
-        if (std::chrono::steady_clock::now() > deadline) {
-          all_met = false;
-          return;
-        }
-    });
-    BOOST_TEST(all_met.load(), threads << " threads");
+    const auto [all_met, ran_on] = meet_at_once(pool);
+    BOOST_TEST(all_met, threads << " threads");
     const std::set<std::thread::id> distinct(ran_on.begin(), ran_on.end());
     BOOST_TEST(distinct.size() == threads);
     BOOST_TEST(distinct.count(std::this_thread::get_id()) == 1u);
@@ -294,6 +301,29 @@ BOOST_AUTO_TEST_CASE(callers_on_several_threads_share_one_pool_and_each_gets_all
     });
   callers.clear();  // joins
   BOOST_TEST(ok.load());
+}
+
+// Calls back to back, and some after a pause long enough for the workers to fall asleep (they
+// spin 100 µs), so every hand-off runs: to a spinning worker, to a sleeping one, and with a
+// worker still leaving the call before. A lost wake-up hangs (CTest's timeout fails the suite);
+// a call's slot reused too early runs an index twice or not at all.
+BOOST_AUTO_TEST_CASE(calls_back_to_back_or_after_the_workers_fall_asleep_each_run_every_index_once) {
+  for (std::size_t threads : {2, 3}) {
+    default_thread_pool pool(threads);
+    std::size_t wrong = 0, not_met = 0;
+    for (int call = 0; call < 4000; ++call) {
+      if (!each_once(runs_per_index(pool, 2 + call % 7))) ++wrong;
+      if (call % 100 == 99) {
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        if (!meet_at_once(pool).first) {  // every sleeper woken, or 5 s lost
+          ++not_met;
+          break;
+        }
+      }
+    }
+    BOOST_TEST(wrong == 0u, threads << " threads");
+    BOOST_TEST(not_met == 0u, threads << " threads");
+  }
 }
 
 BOOST_AUTO_TEST_CASE(the_pool_shuts_down_cleanly_idle_busy_or_right_after_a_call) {
