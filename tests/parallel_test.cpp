@@ -305,8 +305,9 @@ BOOST_AUTO_TEST_CASE(callers_on_several_threads_share_one_pool_and_each_gets_all
 
 // Calls back to back, and some after a pause long enough for the workers to fall asleep (they
 // spin 100 µs), so every hand-off runs: to a spinning worker, to a sleeping one, and with a
-// worker still leaving the call before. A lost wake-up hangs (CTest's timeout fails the suite);
-// a call's slot reused too early runs an index twice or not at all.
+// worker still leaving the call before. A worker left asleep fails the meeting after 5 s; a
+// caller left asleep hangs (the suite's CTest timeout fails it); a call's slot reused too early
+// runs an index twice or not at all.
 BOOST_AUTO_TEST_CASE(calls_back_to_back_or_after_the_workers_fall_asleep_each_run_every_index_once) {
   for (std::size_t threads : {2, 3}) {
     default_thread_pool pool(threads);
