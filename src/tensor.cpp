@@ -42,9 +42,15 @@ void advise_huge_pages([[maybe_unused]] std::byte* data, [[maybe_unused]] std::s
 }  // namespace
 
 bool all_finite(std::span<const float> values) noexcept {
-  for (float v : values)
-    if (!std::isfinite(v)) return false;
-  return true;
+  // An f32 is NaN or ±Inf exactly when its exponent bits are all ones. OR-ing that test over the
+  // bits is a loop the compiler vectorizes (isfinite per element stayed scalar: ~1 µs for a
+  // 1024-float query, 3.5 % of a W 256 decode step).
+  std::uint32_t bad = 0;
+  for (const float f : values) {
+    const std::uint32_t exponent = std::bit_cast<std::uint32_t>(f) & 0x7f800000u;
+    bad |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 bool overlaps(std::span<const float> a, std::span<const float> b) noexcept {
@@ -55,15 +61,7 @@ bool overlaps(std::span<const float> a, std::span<const float> b) noexcept {
 }
 
 void require_finite(std::string_view who, std::string_view what, std::span<const float> values) {
-  // An f32 is NaN or ±Inf exactly when its exponent bits are all ones. OR-ing that test over the
-  // bits is a loop the compiler vectorizes (isfinite per element stayed scalar: ~1 µs for a
-  // 1024-float query, 3.5 % of a W 256 decode step); the index is searched only on failure.
-  std::uint32_t bad = 0;
-  for (const float f : values) {
-    const std::uint32_t exponent = std::bit_cast<std::uint32_t>(f) & 0x7f800000u;
-    bad |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
-  }
-  if (bad == 0) return;
+  if (all_finite(values)) return;  // the index is searched only on failure
   for (std::size_t i = 0; i < values.size(); ++i)
     if (!std::isfinite(values[i]))
       refuse(std::string(who) + ": " + std::string(what) + " has a non-finite element (" +
