@@ -148,6 +148,7 @@ simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
   p.kv_heads = keys.heads();
   p.q_heads = query.size() / p.head_dim;
   p.scale = scale;
+  p.prefetch = simd::prefetches_rows(p);
   return p;
 }
 

@@ -63,7 +63,20 @@ struct problem {
   window values;                 // [kv_heads, positions, head_dim], the same positions as keys
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;            // resolved (finite, > 0)
+  // Whether decode prefetches rows itself (see prefetch_min_bytes): decided once for the whole
+  // step by prefetches_rows(), and kept when a split hands a thread part of it, so every thread
+  // and segment of a step reads its rows the same way whatever the thread count.
+  bool prefetch = false;
 };
+
+/// Bytes of K and V rows a step over `p` reads (every kv head, both windows); O(runs).
+inline std::size_t step_bytes(const problem& p) {
+  const std::size_t element_bytes = p.keys.type == element::f32 ? 4 : 2;
+  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes;
+}
+
+/// Whether a step over the whole of `p` should prefetch its rows in software; O(runs).
+inline bool prefetches_rows(const problem& p) { return step_bytes(p) > prefetch_min_bytes; }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores
 /// seen (−inf when none), `sum` = Σ exp(s − max), `acc` = Σ exp(s − max) · v. Its log-sum-exp is

@@ -291,13 +291,8 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
-/// Bytes of K and V rows a whole decode step over `p` reads (every kv head, both windows).
-HWY_INLINE std::size_t StepBytes(const problem& p, std::size_t element_bytes) {
-  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes;
-}
-
-/// AttendBlocks over the problem's own K/V rows. When the step reads more than
-/// prefetch_min_bytes, with software prefetches timed so the L1 (32 KiB here) holds only what is
+/// AttendBlocks over the problem's own K/V rows. When p.prefetch (the whole step reads more than
+/// prefetch_min_bytes), with software prefetches timed so the L1 (32 KiB here) holds only what is
 /// in use, and trickled between tiles: this block's V rows are fed while its scores are
 /// computed, the next block's K rows while its V rows are summed.
 /// Measured (A/B binaries alternated 5 rounds, D 64/128, huge-page buffers): timing the bursts
@@ -314,7 +309,7 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
                             const state& s) {
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
-  const bool prefetch = StepBytes(p, sizeof(typename Loader::type)) > prefetch_min_bytes;
+  const bool prefetch = p.prefetch;
   std::size_t next = 0;                   // the next block's first position
   const std::byte* ahead[block_positions];  // its K rows, fed while this block's V is summed
   AttendBlocks<Loader>(
