@@ -24,43 +24,63 @@ namespace ringkv::simd::HWY_NAMESPACE {
 
 HWY_INLINE float SumLanes(DF d, VF v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
 
+/// Lane-wise addition, and one vector's lanes summed (a reduction for Reduce4).
+struct add_lanes {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const { return hn::Add(a, b); }
+  static HWY_INLINE float across(DF d, VF v) { return SumLanes(d, v); }
+};
+
+/// Lane-wise maximum, and one vector's largest lane (exact whatever the order).
+struct max_lanes {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const { return hn::Max(a, b); }
+  static HWY_INLINE float across(DF d, VF v) { return hn::GetLane(hn::MaxOfLanes(d, v)); }
+};
+
 // Targets of one or two 128-bit blocks reduce chains together (transposed); others one by one.
 #undef RINGKV_TRANSPOSED_SUMS
 #if HWY_TARGET != HWY_SCALAR && (HWY_MAX_BYTES == 16 || HWY_TARGET == HWY_AVX2)
 #define RINGKV_TRANSPOSED_SUMS 1
-/// Per 128-bit block, the sums of a, b, c, e's four lanes there: [Σa, Σb, Σc, Σe] — four chains
-/// reduced together with six shuffles and three adds instead of one reduction each.
-HWY_INLINE VF SumBlocks4(DF d, VF a, VF b, VF c, VF e) {
+/// Per 128-bit block, op over a, b, c, e's four lanes there: [op a, op b, op c, op e] — four
+/// chains reduced together with six shuffles and three ops instead of one reduction each.
+template <class Op>
+HWY_INLINE VF Blocks4(DF d, VF a, VF b, VF c, VF e, Op op) {
   const hn::Repartition<std::uint64_t, DF> d64;
-  const VF ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
-  const VF ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+  const VF ab = op(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const VF ce = op(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
   const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
-  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
-                 hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
+  return op(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
+            hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
 }
 #endif
 
-/// s[0..4) = the lane sums of a, b, c, e. Each sum's addition order is fixed by the target
-/// alone (not by what the other chains hold), so a row's score is the same in every tile.
-HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) {
+/// s[0..4) = op reduced over the lanes of a, b, c, e. Each result's order of operations is
+/// fixed by the target alone (not by what the other chains hold), so a row's score, or a head's
+/// sum, is the same in every tile.
+template <class Op>
+HWY_INLINE void Reduce4(DF d, VF a, VF b, VF c, VF e, Op op, float* s) {
 #if defined(RINGKV_TRANSPOSED_SUMS) && HWY_MAX_BYTES == 16
-  hn::StoreU(SumBlocks4(d, a, b, c, e), d, s);
+  hn::StoreU(Blocks4(d, a, b, c, e, op), d, s);
 #elif defined(RINGKV_TRANSPOSED_SUMS)
   const hn::Half<DF> dh;
-  const VF r = SumBlocks4(d, a, b, c, e);
-  hn::StoreU(hn::Add(hn::LowerHalf(dh, r), hn::UpperHalf(dh, r)), dh, s);
+  const VF r = Blocks4(d, a, b, c, e, op);
+  hn::StoreU(op(hn::LowerHalf(dh, r), hn::UpperHalf(dh, r)), dh, s);
 #else
-  s[0] = SumLanes(d, a);
-  s[1] = SumLanes(d, b);
-  s[2] = SumLanes(d, c);
-  s[3] = SumLanes(d, e);
+  s[0] = Op::across(d, a);
+  s[1] = Op::across(d, b);
+  s[2] = Op::across(d, c);
+  s[3] = Op::across(d, e);
 #endif
 }
+
+/// s[0..4) = the lane sums of a, b, c, e.
+HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) { Reduce4(d, a, b, c, e, add_lanes(), s); }
 
 /// s[0..8) = the lane sums of c0 … c7, in the same order per chain as Sum4.
 HWY_INLINE void Sum8(DF d, VF c0, VF c1, VF c2, VF c3, VF c4, VF c5, VF c6, VF c7, float* s) {
 #if defined(RINGKV_TRANSPOSED_SUMS) && HWY_TARGET == HWY_AVX2
-  const VF lo = SumBlocks4(d, c0, c1, c2, c3), hi = SumBlocks4(d, c4, c5, c6, c7);
+  const VF lo = Blocks4(d, c0, c1, c2, c3, add_lanes()), hi = Blocks4(d, c4, c5, c6, c7, add_lanes());
   hn::StoreU(hn::Add(hn::ConcatLowerLower(d, hi, lo), hn::ConcatUpperUpper(d, hi, lo)), d, s);
 #else
   Sum4(d, c0, c1, c2, c3, s);

@@ -22,10 +22,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
 
-// A block's scores as vectors of at most block_positions lanes, so a block is a whole number of
-// vectors on every target.
-using DB = hn::CappedTag<float, block_positions>;
-
 inline constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 
 /// Query heads [q0, q0 + count) of kv head `kv_head` and their scratch.
@@ -62,38 +58,79 @@ HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const blo
                 minus_infinity);
 }
 
-/// Per head: the new max, exp(score − max) in place (vector Exp over the block), the rescale of
-/// the old state, and the new denominator. The rescales of all heads share vector Exps (lane-wise
-/// arithmetic: a head's value does not depend on its neighbours).
-HWY_INLINE void ExpBlock(const chunk& c, const state& s) {
-  const DB db;
-  const std::size_t nb = hn::Lanes(db);
-  for (std::size_t h = 0; h < c.count; ++h) {
-    const float* sc = c.scores + h * block_positions;
-    auto vmax = hn::Load(db, sc);
-    for (std::size_t k = nb; k < block_positions; k += nb) vmax = hn::Max(vmax, hn::Load(db, sc + k));
-    const float m_new = std::max(s.max[h], hn::GetLane(hn::MaxOfLanes(db, vmax)));
-    c.rescale[h] = s.max[h] - m_new;  // its exp, below
-    s.max[h] = m_new;
-  }
-  const DF d;
+/// exp(score − max) in place over head h's block of scores; returns their lane-wise sum.
+HWY_INLINE VF ExpHead(DF d, const chunk& c, const state& s, std::size_t h) {
   const std::size_t N = hn::Lanes(d);
-  std::size_t i = 0;
-  for (; i + N <= c.count; i += N)
-    hn::StoreU(hn::Exp(d, hn::LoadU(d, c.rescale + i)), d, c.rescale + i);
-  if (i < c.count)
-    StorePartial(d, hn::Exp(d, LoadPartial(d, c.rescale + i, c.count - i)), c.rescale + i,
-                 c.count - i);
-  for (std::size_t h = 0; h < c.count; ++h) {
-    float* sc = c.scores + h * block_positions;
-    const auto vm = hn::Set(db, s.max[h]);
-    auto vsum = hn::Zero(db);
-    for (std::size_t k = 0; k < block_positions; k += nb) {
-      const auto e = hn::Exp(db, hn::Sub(hn::Load(db, sc + k), vm));
-      hn::Store(e, db, sc + k);
-      vsum = hn::Add(vsum, e);
-    }
-    s.sum[h] = s.sum[h] * c.rescale[h] + hn::GetLane(hn::SumOfLanes(db, vsum));
+  float* sc = c.scores + h * block_positions;  // [block_positions]
+  const VF vm = hn::Set(d, s.max[h]);
+  VF vsum = hn::Zero(d);
+  for (std::size_t k = 0; k < block_positions; k += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, sc + k), vm));
+    hn::Store(e, d, sc + k);
+    vsum = hn::Add(vsum, e);
+  }
+  return vsum;
+}
+
+/// Head h's largest score of the block, lane-wise (then reduced across lanes by the caller).
+HWY_INLINE VF MaxHead(DF d, const chunk& c, std::size_t h) {
+  const std::size_t N = hn::Lanes(d);
+  const float* sc = c.scores + h * block_positions;  // [block_positions]
+  VF m = hn::Load(d, sc);
+  for (std::size_t k = N; k < block_positions; k += N) m = hn::Max(m, hn::Load(d, sc + k));
+  return m;
+}
+
+/// Heads [h, h + Lanes(dh)): max ← max(max, the block's max) (read from rescale), rescale ←
+/// exp(old max − new max): lane-wise, so a head's value does not depend on its neighbours.
+template <class DH>
+HWY_INLINE void RescaleHeads(DH dh, const chunk& c, const state& s, std::size_t h) {
+  const auto old = hn::LoadU(dh, s.max + h);
+  const auto now = hn::Max(old, hn::LoadU(dh, c.rescale + h));
+  hn::StoreU(now, dh, s.max + h);
+  hn::StoreU(hn::Exp(dh, hn::Sub(old, now)), dh, c.rescale + h);
+}
+
+/// Heads [h, h + Lanes(dh)): sum ← sum · rescale + the block's sum (in `block`).
+template <class DH>
+HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, const float* block) {
+  hn::StoreU(hn::MulAdd(hn::LoadU(dh, s.sum + h), hn::LoadU(dh, c.rescale + h),
+                        hn::LoadU(dh, block)),
+             dh, s.sum + h);
+}
+
+/// Per head: the new max, exp(score − max) in place (vector Exp over the block), the rescale of
+/// the old state, and the new denominator. Heads go four at a time: their maxima and sums are
+/// reduced across lanes together (Reduce4), and the state's max, rescale and sum are updated
+/// as 4-lane vectors; a lone head takes the same arithmetic in a 1-lane vector, so a head's
+/// values never depend on which heads share its chunk. c.rescale holds the block maxima until
+/// RescaleHeads turns them into rescales. Out of line (one copy per target instead of one per row
+/// type): inlined, its Exp copies made src/simd.cpp compile 1.7x as long under the sanitizers.
+inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
+  static_assert(block_positions % hn::MaxLanes(DF()) == 0, "a block is whole vectors");
+  const DF d;
+  const hn::CappedTag<float, 4> d4;  // four heads (one at a time where vectors are 1 lane)
+  const hn::CappedTag<float, 1> d1;
+  HWY_ALIGN float block[4];
+  const std::size_t n = c.count, n4 = n / 4 * 4;
+  for (std::size_t h = 0; h < n4; h += 4) {
+    Reduce4(d, MaxHead(d, c, h), MaxHead(d, c, h + 1), MaxHead(d, c, h + 2), MaxHead(d, c, h + 3),
+            max_lanes(), c.rescale + h);
+    for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) RescaleHeads(d4, c, s, h + k);
+  }
+  for (std::size_t h = n4; h < n; ++h) {
+    c.rescale[h] = max_lanes::across(d, MaxHead(d, c, h));
+    RescaleHeads(d1, c, s, h);
+  }
+  for (std::size_t h = 0; h < n4; h += 4) {
+    Sum4(d, ExpHead(d, c, s, h), ExpHead(d, c, s, h + 1), ExpHead(d, c, s, h + 2),
+         ExpHead(d, c, s, h + 3), block);
+    for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) SumHeads(d4, c, s, h + k, block + k);
+  }
+  const VF zero = hn::Zero(d);
+  for (std::size_t h = n4; h < n; ++h) {
+    Sum4(d, ExpHead(d, c, s, h), zero, zero, zero, block);
+    SumHeads(d1, c, s, h, block);
   }
 }
 
