@@ -127,9 +127,8 @@ inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
          ExpHead(d, c, s, h + 3), block);
     for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) SumHeads(d4, c, s, h + k, block + k);
   }
-  const VF zero = hn::Zero(d);
   for (std::size_t h = n4; h < n; ++h) {
-    Sum4(d, ExpHead(d, c, s, h), zero, zero, zero, block);
+    block[0] = Sum1(d, ExpHead(d, c, s, h));
     SumHeads(d1, c, s, h, block);
   }
 }
