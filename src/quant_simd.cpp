@@ -267,7 +267,7 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
         return ExpandRows(cp.keys, t.key_levels, kv, pos, end, padded, t.k, t, b.k,
                           qjl ? t.z : nullptr);
       };
-      auto correct = [&](const block_rows& b, line_feed&) {
+      auto correct = [&](std::size_t, const block_rows& b, line_feed&) {
         if (!qjl) return;
         for (std::size_t h = 0; h < c.count; ++h)
           for (std::size_t j = 0; j < b.n; ++j)

@@ -270,8 +270,9 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// one block of absolute positions at a time; blocks that hold no window position are skipped.
 /// collect(pos, end, b, feed) fills b's K and V rows of positions [pos, end), returns how many,
 /// and may start `feed` with rows to prefetch while the block's scores are computed;
-/// adjust(b, feed) runs once the scores are computed, before the softmax step: it may change
-/// them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are summed.
+/// adjust(end, b, feed) runs once the scores are computed, before the softmax step: it may
+/// change them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are
+/// summed (e.g. the next block's, from `end` on).
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
                              std::size_t from, std::size_t to, const state& s, Collect&& collect,
@@ -284,7 +285,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
     const std::size_t end = BlockEnd(pos, hi);
     b.n = collect(pos, end, b, while_scoring);
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
-    adjust(b, while_summing);
+    adjust(end, b, while_summing);
     ExpBlock(c, s);
     AccumulateBlock<Loader>(d, head_dim, c, b, s, while_summing);
     pos = NextPosition(positions, end);
@@ -310,18 +311,18 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
   const bool prefetch = p.prefetch;
-  std::size_t next = 0;                   // the next block's first position
-  const std::byte* ahead[block_positions];  // its K rows, fed while this block's V is summed
+  const std::byte* ahead[block_positions];  // the next block's K rows, fed while V is summed
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
-        next = NextPosition(p.keys, end);
         const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
         if (prefetch) feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
-      [&](const block_rows&, line_feed& feed) {
-        if (!prefetch || next >= hi) return;
+      [&](std::size_t end, const block_rows&, line_feed& feed) {
+        if (!prefetch) return;
+        const std::size_t next = NextPosition(p.keys, end);
+        if (next >= hi) return;
         feed.start(ahead, CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead),
                    row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
