@@ -75,12 +75,15 @@ HWY_INLINE void Reduce4(DF d, VF a, VF b, VF c, VF e, Op op, float* s) {
 }
 
 /// s[0..4) = the lane sums of a, b, c, e.
-HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) { Reduce4(d, a, b, c, e, add_lanes(), s); }
+HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) {
+  Reduce4(d, a, b, c, e, add_lanes(), s);
+}
 
 /// s[0..8) = the lane sums of c0 … c7, in the same order per chain as Sum4.
 HWY_INLINE void Sum8(DF d, VF c0, VF c1, VF c2, VF c3, VF c4, VF c5, VF c6, VF c7, float* s) {
 #if defined(RINGKV_TRANSPOSED_SUMS) && HWY_TARGET == HWY_AVX2
-  const VF lo = Blocks4(d, c0, c1, c2, c3, add_lanes()), hi = Blocks4(d, c4, c5, c6, c7, add_lanes());
+  const VF lo = Blocks4(d, c0, c1, c2, c3, add_lanes());
+  const VF hi = Blocks4(d, c4, c5, c6, c7, add_lanes());
   hn::StoreU(hn::Add(hn::ConcatLowerLower(d, hi, lo), hn::ConcatUpperUpper(d, hi, lo)), d, s);
 #else
   Sum4(d, c0, c1, c2, c3, s);

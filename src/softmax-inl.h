@@ -270,9 +270,9 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// one block of absolute positions at a time; blocks that hold no window position are skipped.
 /// collect(pos, end, b, feed) fills b's K and V rows of positions [pos, end), returns how many,
 /// and may start `feed` with rows to prefetch while the block's scores are computed;
-/// adjust(end, b, feed) runs once the scores are computed, before the softmax step: it may
+/// adjust(next, b, feed) runs once the scores are computed, before the softmax step: it may
 /// change them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are
-/// summed (e.g. the next block's, from `end` on).
+/// summed (e.g. those of the next block, which starts at position `next`).
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
                              std::size_t from, std::size_t to, const state& s, Collect&& collect,
@@ -285,10 +285,11 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
     const std::size_t end = BlockEnd(pos, hi);
     b.n = collect(pos, end, b, while_scoring);
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
-    adjust(end, b, while_summing);
+    const std::size_t next = NextPosition(positions, end);
+    adjust(next, b, while_summing);
     ExpBlock(c, s);
     AccumulateBlock<Loader>(d, head_dim, c, b, s, while_summing);
-    pos = NextPosition(positions, end);
+    pos = next;
   }
 }
 
@@ -319,10 +320,8 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
         if (prefetch) feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
-      [&](std::size_t end, const block_rows&, line_feed& feed) {
-        if (!prefetch) return;
-        const std::size_t next = NextPosition(p.keys, end);
-        if (next >= hi) return;
+      [&](std::size_t next, const block_rows&, line_feed& feed) {
+        if (!prefetch || next >= hi) return;
         feed.start(ahead, CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead),
                    row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
