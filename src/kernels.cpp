@@ -148,7 +148,7 @@ simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
   p.kv_heads = keys.heads();
   p.q_heads = query.size() / p.head_dim;
   p.scale = scale;
-  p.prefetch = simd::prefetches_rows(p);
+  p.prefetch = simd::prefetch_walk_for(p, 1);
   return p;
 }
 
@@ -211,9 +211,10 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
                        ") = " + str(need) + " needed");
   if (overlaps(scratch, out) || overlaps(scratch, query) || overlaps(scratch, sinks))
     refuse(caller, "scratch overlaps out, query or sinks");
-  const simd::problem p = problem_of(query, keys, values, s);
+  simd::problem p = problem_of(query, keys, values, s);
   const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
   const simd::split_plan plan = simd::plan_split(p, pool.size(), scratch.size());
+  p.prefetch = simd::prefetch_walk_for(p, std::min(pool.size(), plan.tasks));
   if (plan.tasks == 1) {
     simd::decode(p, sink_logits, out.data());
     return;

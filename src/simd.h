@@ -23,12 +23,20 @@ inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 // Decode prefetches K/V rows itself only when the step reads more than this many bytes: a window
 // that small is likely still in the caches, where the hardware prefetchers keep up and the
-// software ones only take load slots (measured in softmax-inl.h, AttendRange).
+// software ones only cost issue slots (measured in softmax-inl.h, AttendRange).
 inline constexpr std::size_t prefetch_min_bytes = std::size_t(8) << 20;
+// ... except that a step whose query heads share each kv row (GQA) and whose threads read at
+// least prefetch_min_bytes each but less than this (rows likely in the L3: 32 MiB here, shared
+// with other work) prefetches with the cheaper, dense walk (see line_feed).
+inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;
 inline constexpr std::size_t max_head_dim = 2048;
+
+/// How decode prefetches a step's rows (see line_feed): not at all, lines back to back (rows
+/// from the L3), or spaced out by a per-row walk (rows from memory).
+enum class prefetch_walk : std::uint8_t { none, dense, spaced };
 
 /// Element type of K/V rows (f16/bf16 are promoted to f32 in registers; f32 accumulation).
 enum class element : std::uint8_t { f32, f16, bf16 };
@@ -63,10 +71,10 @@ struct problem {
   window values;                 // [kv_heads, positions, head_dim], the same positions as keys
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;            // resolved (finite, > 0)
-  // Whether decode prefetches rows itself (see prefetch_min_bytes): decided once for the whole
-  // step by prefetches_rows(), and kept when a split hands a thread part of it, so every thread
-  // and segment of a step reads its rows the same way whatever the thread count.
-  bool prefetch = false;
+  // How decode prefetches rows itself (see prefetch_walk_for): decided once for the whole step
+  // (from its bytes, and those of each of its threads), and kept when a split hands a thread
+  // part of it.
+  prefetch_walk prefetch = prefetch_walk::none;
 };
 
 /// Bytes of K and V rows a step over `p` reads (every kv head, both windows); O(runs).
@@ -75,8 +83,14 @@ inline std::size_t step_bytes(const problem& p) {
   return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes;
 }
 
-/// Whether a step over the whole of `p` should prefetch its rows in software; O(runs).
-inline bool prefetches_rows(const problem& p) { return step_bytes(p) > prefetch_min_bytes; }
+/// How a step over the whole of `p`, split over `threads` threads, should prefetch; O(runs).
+inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t threads) {
+  const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
+  if (p.q_heads >= 2 * p.kv_heads && per_thread >= prefetch_min_bytes &&
+      per_thread < dense_prefetch_max_bytes)
+    return prefetch_walk::dense;
+  return bytes > prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
+}
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores
 /// seen (−inf when none), `sum` = Σ exp(s − max), `acc` = Σ exp(s − max) · v. Its log-sum-exp is

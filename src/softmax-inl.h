@@ -293,8 +293,8 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
-/// AttendBlocks over the problem's own K/V rows. When p.prefetch (the whole step reads more than
-/// prefetch_min_bytes), with software prefetches timed so the L1 (32 KiB here) holds only what is
+/// AttendBlocks over the problem's own K/V rows. Unless p.prefetch is none (see
+/// prefetch_walk_for), with software prefetches timed so the L1 (32 KiB here) holds only what is
 /// in use, and trickled between tiles: this block's V rows are fed while its scores are
 /// computed, the next block's K rows while its V rows are summed.
 /// Measured (A/B binaries alternated 5 rounds, D 64/128, huge-page buffers): timing the bursts
@@ -302,28 +302,35 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
 /// of the scores on every shape past the L2; trickling them instead of bursts another 10–40 %
 /// on shapes past the L3 (a burst stalls on the L1's miss buffers). Without software prefetch
 /// (hardware prefetchers only): 1.9× slower at D 128 / W 4096 / kv 8 (33.6 MB, past the L3),
-/// 1.2× at D 64 / W 4096 / kv 8 (16.8 MB), the same at D 128 / W 4096 / kv 2 (8.4 MB), and faster
-/// below, where prefetching lines already cached only takes load slots (one per line: at 8 kv
-/// heads ~40 % more loads than the tiles'): D 64 / W 4096 / kv 2 (4.2 MB) 255 → 220 µs,
-/// D 128 / W 256 / kv 8 (2.1 MB) 72.7 → 51.0 µs, D 64 / W 256 / kv 8 54.8 → 31.1 µs.
+/// 1.2× at D 64 / W 4096 / kv 8 (16.8 MB), and faster below, where prefetching lines already
+/// cached only takes load slots (one per line: at 8 kv heads ~40 % more loads than the tiles'):
+/// D 64 / W 4096 / kv 2 (4.2 MB) 255 → 220 µs, D 128 / W 256 / kv 8 (2.1 MB) 72.7 → 51.0 µs,
+/// D 64 / W 256 / kv 8 54.8 → 31.1 µs. With the dense walk (line_feed) it pays from 8 MiB a
+/// thread when heads share rows (one binary, random interleaving, fastest / median µs): D 128 /
+/// W 4096 / kv 2 (8 MiB), 1 thread, 361 / 408 against 420 / 619 without; on 2 threads (4 MiB
+/// each) it still loses, 279 / 317 against 245 / 300. Not with one head a row: f16 D 64 / W 4096
+/// / kv 8 (8 MiB) 448 / 503 dense, 616 / 758 spaced, against 381 / 477 without (a phase of a
+/// block has one or two tiles there, so its lines are asked for just before they are used).
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
-  const bool prefetch = p.prefetch;
+  const prefetch_walk walk = p.prefetch;
+  const bool prefetch = walk != prefetch_walk::none;
   const std::byte* ahead[block_positions];  // the next block's K rows, fed while V is summed
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
         const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
-        if (prefetch) feed.start(b.v, n, row_bytes, ScoreTiles(c.count, n));
+        if (prefetch) feed.start(walk, b.v, n, row_bytes, ScoreTiles(c.count, n));
         return CollectRows(p.keys, c.kv_head, pos, end, b.k);
       },
       [&](std::size_t next, const block_rows&, line_feed& feed) {
         if (!prefetch || next >= hi) return;
-        feed.start(ahead, CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead),
-                   row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
+        feed.start(walk, ahead,
+                   CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead), row_bytes,
+                   AccumulateTiles(DF(), c.count, p.head_dim));
       });
 }
 
