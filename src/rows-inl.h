@@ -186,11 +186,13 @@ struct line_feed {
   // Spaced walk: the caller's row pointers (alive until the feed is drained), the next line.
   const std::byte* const* rows = nullptr;
   std::size_t n = 0, row_bytes = 0, row = 0, offset = 0;
-  // Dense walk: byte ranges [begin, end) from line boundaries, the next line of range `range`.
-  const std::byte* begin[block_positions];
-  const std::byte* end[block_positions];
+  // Dense walk: byte ranges [begin, end) from line boundaries, the next line of range `range`
+  // (addresses as integers: the last line of a range may start past its end, and past its
+  // buffer, which a pointer may not).
+  std::uintptr_t begin[block_positions];
+  std::uintptr_t end[block_positions];
   std::size_t range = 0, ranges = 0;
-  const std::byte* line = nullptr;
+  std::uintptr_t line = 0;
 
   /// Feeds the lines of rows_in[0, rows_n) over about `steps` calls of step(), walked as `walk`
   /// says (not none); O(rows_n).
@@ -201,19 +203,17 @@ struct line_feed {
     if (dense) {
       ranges = 0;
       for (std::size_t i = 0; i < rows_n; ++i) {
-        const std::byte* r = rows_in[i];
+        const std::uintptr_t r = reinterpret_cast<std::uintptr_t>(rows_in[i]);
         if (ranges != 0 && r == end[ranges - 1]) {
           end[ranges - 1] = r + bytes;
           continue;
         }
-        begin[ranges] = reinterpret_cast<const std::byte*>(
-            reinterpret_cast<std::uintptr_t>(r) / 64 * 64);
+        begin[ranges] = r / 64 * 64;
         end[ranges++] = r + bytes;
       }
-      for (std::size_t i = 0; i < ranges; ++i)
-        lines += static_cast<std::size_t>(end[i] - begin[i] + 63) / 64;
+      for (std::size_t i = 0; i < ranges; ++i) lines += (end[i] - begin[i] + 63) / 64;
       range = 0;
-      line = ranges != 0 ? begin[0] : nullptr;
+      line = ranges != 0 ? begin[0] : 0;
     } else {
       rows = rows_in;
       n = rows_n;
@@ -243,21 +243,24 @@ struct line_feed {
  private:
   HWY_INLINE void StepDense() {
     std::size_t k = per_step;
-    const std::byte* l = line;
-    const std::byte* e = end[range];
+    std::uintptr_t l = line, e = end[range];
     for (;;) {
-      for (; k >= 4 && e - l >= 256; k -= 4, l += 256) {
-        __builtin_prefetch(l, 0, 2);
-        __builtin_prefetch(l + 64, 0, 2);
-        __builtin_prefetch(l + 128, 0, 2);
-        __builtin_prefetch(l + 192, 0, 2);
+      for (; k >= 4 && l + 256 <= e; k -= 4, l += 256) {
+        Prefetch(l);
+        Prefetch(l + 64);
+        Prefetch(l + 128);
+        Prefetch(l + 192);
       }
-      for (; k != 0 && l < e; --k, l += 64) __builtin_prefetch(l, 0, 2);
+      for (; k != 0 && l < e; --k, l += 64) Prefetch(l);
       if (k == 0 || range + 1 >= ranges) break;
       l = begin[++range];
       e = end[range];
     }
     line = l;
+  }
+
+  static HWY_INLINE void Prefetch(std::uintptr_t address) {
+    __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 2);
   }
 
   HWY_INLINE void StepSpaced() {
