@@ -41,11 +41,15 @@ HWY_INLINE std::size_t LayOutChunk(const problem& p, std::size_t kv_head, std::s
   return RoundUp(count * (c.padded_dim + block_positions) + count, block_positions);
 }
 
+/// How many query heads, at most `wanted`, fit the scratch at once with `extra` floats per head.
+HWY_INLINE std::size_t FittingHeads(const problem& p, std::size_t extra, std::size_t wanted) {
+  const std::size_t per_head = RoundUp(p.head_dim, block_positions) + block_positions + 1 + extra;
+  return std::max<std::size_t>(1, std::min(wanted, (scratch_floats - 64) / per_head));
+}
+
 /// How many query heads of a group fit the scratch at once, with `extra` floats per head.
 HWY_INLINE std::size_t ChunkHeads(const problem& p, std::size_t extra) {
-  const std::size_t per_head = RoundUp(p.head_dim, block_positions) + block_positions + 1 + extra;
-  const std::size_t group = p.q_heads / p.kv_heads;
-  return std::max<std::size_t>(1, std::min(group, (scratch_floats - 64) / per_head));
+  return FittingHeads(p, extra, p.q_heads / p.kv_heads);
 }
 
 /// One chunk of a decode: its first segment straight into the running state (whose acc is

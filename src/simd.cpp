@@ -46,10 +46,28 @@ HWY_INLINE void DecodeChunk(const problem& p, const chunk& c, float* extra, cons
                  });
 }
 
+/// A decode with one query head per kv head and no software prefetch: chunks of up to
+/// spread_heads kv heads side by side (see AttendSpread).
+template <class Loader>
+HWY_NOINLINE void DecodeSpread(const problem& p, const float* sinks, float* out) {
+  HWY_ALIGN float scratch[scratch_floats];
+  const std::size_t per_chunk = FittingHeads(p, p.head_dim + 4, spread_heads);
+  chunk c;
+  for (std::size_t kv = 0; kv < p.kv_heads; kv += per_chunk) {
+    const std::size_t used =
+        LayOutChunk(p, kv, kv, std::min(per_chunk, p.kv_heads - kv), scratch, c);
+    DecodeSegments(p.keys, p.head_dim, c, scratch + used, sinks, out,
+                   [&](std::size_t from, std::size_t to, const state& s) {
+                     AttendSpread<Loader>(p, c, from, to, s);
+                   });
+  }
+}
+
 template <class Loader>
 HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
-  HWY_ALIGN float scratch[scratch_floats];
   const std::size_t group = p.q_heads / p.kv_heads;
+  if (group == 1 && p.prefetch == prefetch_walk::none) return DecodeSpread<Loader>(p, sinks, out);
+  HWY_ALIGN float scratch[scratch_floats];
   const std::size_t per_chunk = ChunkHeads(p, p.head_dim + 4);
   chunk c;
   for (std::size_t kv = 0; kv < p.kv_heads; ++kv)

@@ -505,29 +505,40 @@ BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_ri
 
 BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
   // GQA: query head h of 8 reads kv head h / 4 of 2; the result for each head equals, bit for
-  // bit, a 1/1 decode of that head against that kv head's rows.
-  constexpr std::size_t kv = 2, q = 8, dim = 24;
+  // bit, a 1/1 decode of that head against that kv head's rows. With one query head per kv
+  // head (8/8, 6/6) the kernel takes up to four kv heads side by side (a chunk of 4, then of 4
+  // or 2): each head's bits must still be its own, on every target, across segments (W 1100).
+  struct heads {
+    std::size_t kv, q, dim, from, to;
+  };
   const windowed_attention attention;
-  ring_fixture ring(kv, dim, 50);
-  ring.append_until(120);
-  const auto query = make_query(q, dim, 14);
-  std::vector<float> all(q * dim), one(dim);
-  const windowed_kv k = ring.keys(80, 120), v = ring.values(80, 120);
-  attention.decode_step(query, k, v, all);
-  for (std::size_t h = 0; h < q; ++h) {
-    std::array<kv_run, 3> kr{}, vr{};
-    for (std::size_t r = 0; r < k.runs().size(); ++r) {
-      auto head_of = [&](const tensor_view& t) {
-        return tensor_view(t.row_bytes(h / (q / kv), 0), t.type(), 1, t.positions(), dim,
-                           t.head_stride(), t.position_stride());
-      };
-      kr[r] = {head_of(k.runs()[r]), k.run_first_position(r)};
-      vr[r] = {head_of(v.runs()[r]), v.run_first_position(r)};
-    }
-    const windowed_kv kh(std::span<const kv_run>(kr.data(), k.runs().size()));
-    const windowed_kv vh(std::span<const kv_run>(vr.data(), v.runs().size()));
-    attention.decode_step(std::span(query).subspan(h * dim, dim), kh, vh, one);
-    BOOST_TEST(std::memcmp(one.data(), all.data() + h * dim, dim * sizeof(float)) == 0, "head " << h);
+  for (const heads& hs : {heads{2, 8, 24, 80, 120}, heads{8, 8, 24, 80, 120},
+                          heads{6, 6, 40, 1500, 2600}}) {
+    ring_fixture ring(hs.kv, hs.dim, hs.to - hs.from + 10);
+    ring.append_until(hs.to);
+    const auto query = make_query(hs.q, hs.dim, 14);
+    std::vector<float> all(hs.q * hs.dim), one(hs.dim);
+    const windowed_kv k = ring.keys(hs.from, hs.to), v = ring.values(hs.from, hs.to);
+    BOOST_REQUIRE(k.wrapped());
+    for_each_target([&](const char* target) {
+      attention.decode_step(query, k, v, all);
+      for (std::size_t h = 0; h < hs.q; ++h) {
+        std::array<kv_run, 3> kr{}, vr{};
+        for (std::size_t r = 0; r < k.runs().size(); ++r) {
+          auto head_of = [&](const tensor_view& t) {
+            return tensor_view(t.row_bytes(h / (hs.q / hs.kv), 0), t.type(), 1, t.positions(),
+                               hs.dim, t.head_stride(), t.position_stride());
+          };
+          kr[r] = {head_of(k.runs()[r]), k.run_first_position(r)};
+          vr[r] = {head_of(v.runs()[r]), v.run_first_position(r)};
+        }
+        const windowed_kv kh(std::span<const kv_run>(kr.data(), k.runs().size()));
+        const windowed_kv vh(std::span<const kv_run>(vr.data(), v.runs().size()));
+        attention.decode_step(std::span(query).subspan(h * hs.dim, hs.dim), kh, vh, one);
+        BOOST_TEST(std::memcmp(one.data(), all.data() + h * hs.dim, hs.dim * sizeof(float)) == 0,
+                   target << ", " << hs.q << "/" << hs.kv << " heads, head " << h);
+      }
+    });
   }
 }
 
