@@ -148,7 +148,7 @@ simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
   p.kv_heads = keys.heads();
   p.q_heads = query.size() / p.head_dim;
   p.scale = scale;
-  p.prefetch = simd::prefetch_walk_for(p, 1);
+  simd::plan_reads(p, 1);
   return p;
 }
 
@@ -214,7 +214,7 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
   simd::problem p = problem_of(query, keys, values, s);
   const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
   const simd::split_plan plan = simd::plan_split(p, pool.size(), scratch.size());
-  p.prefetch = simd::prefetch_walk_for(p, std::min(pool.size(), plan.tasks));
+  simd::plan_reads(p, std::min(pool.size(), plan.tasks));
   if (plan.tasks == 1) {
     simd::decode(p, sink_logits, out.data());
     return;

@@ -46,12 +46,12 @@ HWY_INLINE void DecodeChunk(const problem& p, const chunk& c, float* extra, cons
                  });
 }
 
-/// A decode with one query head per kv head and no software prefetch: chunks of up to
-/// spread_heads kv heads side by side (see AttendSpread).
+/// A decode with one query head per kv head, in chunks of up to side_by_side_heads kv heads
+/// (see AttendSpread).
 template <class Loader>
 HWY_NOINLINE void DecodeSpread(const problem& p, const float* sinks, float* out) {
   HWY_ALIGN float scratch[scratch_floats];
-  const std::size_t per_chunk = FittingHeads(p, p.head_dim + 4, spread_heads);
+  const std::size_t per_chunk = FittingHeads(p, p.head_dim + 4, side_by_side_heads);
   chunk c;
   for (std::size_t kv = 0; kv < p.kv_heads; kv += per_chunk) {
     const std::size_t used =
@@ -65,9 +65,9 @@ HWY_NOINLINE void DecodeSpread(const problem& p, const float* sinks, float* out)
 
 template <class Loader>
 HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
-  const std::size_t group = p.q_heads / p.kv_heads;
-  if (group == 1 && p.prefetch == prefetch_walk::none) return DecodeSpread<Loader>(p, sinks, out);
+  if (p.side_by_side) return DecodeSpread<Loader>(p, sinks, out);
   HWY_ALIGN float scratch[scratch_floats];
+  const std::size_t group = p.q_heads / p.kv_heads;
   const std::size_t per_chunk = ChunkHeads(p, p.head_dim + 4);
   chunk c;
   for (std::size_t kv = 0; kv < p.kv_heads; ++kv)

@@ -29,6 +29,12 @@ inline constexpr std::size_t prefetch_min_bytes = std::size_t(8) << 20;
 // least prefetch_min_bytes each but less than this (rows likely in the L3: 32 MiB here, shared
 // with other work) prefetches with the cheaper, dense walk (see line_feed).
 inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
+// A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
+// AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
+// block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
+// thread reads prefetch_min_bytes to dense_prefetch_max_bytes (rows likely in the L3).
+inline constexpr std::size_t side_by_side_heads = 4;
+inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;
@@ -75,6 +81,9 @@ struct problem {
   // (from its bytes, and those of each of its threads), and kept when a split hands a thread
   // part of it.
   prefetch_walk prefetch = prefetch_walk::none;
+  // Whether a step with one query head per kv head takes side_by_side_heads kv heads at a time
+  // (see plan_reads); decided with `prefetch`.
+  bool side_by_side = false;
 };
 
 /// Bytes of K and V rows a step over `p` reads (every kv head, both windows); O(runs).
@@ -90,6 +99,20 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t threads) {
       per_thread < dense_prefetch_max_bytes)
     return prefetch_walk::dense;
   return bytes > prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
+}
+
+/// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
+/// p.prefetch (prefetch_walk_for) and p.side_by_side; O(runs).
+inline void plan_reads(problem& p, std::size_t threads) {
+  p.prefetch = prefetch_walk_for(p, threads);
+  const std::size_t row_bytes = p.head_dim * (p.keys.type == element::f32 ? 4 : 2);
+  const std::size_t per_thread = step_bytes(p) / (threads == 0 ? 1 : threads);
+  const bool fits_l1 =
+      side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
+  p.side_by_side = p.q_heads == p.kv_heads &&
+                   (p.prefetch == prefetch_walk::none ||
+                    (fits_l1 && per_thread >= prefetch_min_bytes &&
+                     per_thread <= dense_prefetch_max_bytes));
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores

@@ -339,26 +339,38 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       });
 }
 
-/// Kv heads a chunk of one query head each (GQA 1) spans in AttendSpread.
-inline constexpr std::size_t spread_heads = 4;
-
-/// As AttendRange (no software prefetch) when each query head has its own kv head (GQA 1):
-/// chunk head h reads kv head c.kv_head + h. Alone, such a head's block ran its softmax step
-/// as a chain of one-lane operations with little else to overlap it; side by side, ExpBlock
-/// takes four heads' steps as 4-lane vectors and the out-of-order core has four heads' tiles to
-/// interleave. Each head's arithmetic is AttendRange's for a one-head chunk (ScoreRows,
-/// ExpBlock's per-lane state, AccumulateRest), so the bits do not depend on which heads share a
-/// chunk. Measured (one binary, random interleaving, 30 repetitions, fastest / first-quartile
-/// µs, 1 thread): D 64 / W 256 / kv 8 24.1 / 25.7 against 25.5 / 27.5, D 128 41.6 / 45.3
-/// against 44.4 / 48.0, f16 D 64 / W 4096 / kv 8 (8 MiB) 303 / 326 against 328 / 354; two or
-/// eight heads side by side did no better than four. Steps that prefetch keep AttendRange: this
-/// loop without prefetch took 1,165 µs at D 64 / W 4096 / kv 8 (16.8 MB) against 720.
+/// As AttendRange when each query head has its own kv head (GQA 1) and p.side_by_side (see
+/// plan_reads): chunk head h reads kv head c.kv_head + h. Alone, such a head's block ran its
+/// softmax step as a chain of one-lane operations with little else to overlap it; side by
+/// side, ExpBlock takes four heads' steps as 4-lane vectors and the out-of-order core has four
+/// heads' tiles to interleave. Each head's arithmetic is AttendRange's for a one-head chunk
+/// (ScoreRows, ExpBlock's per-lane state, AccumulateRest), so the bits do not depend on which
+/// heads share a chunk. Prefetch, when the step has it, is AttendRange's spaced walk (the only
+/// walk a GQA-1 step gets) over the rows of all the chunk's heads: this block's V rows while
+/// its scores are computed, the next block's K rows while V rows are summed — a head's V rows
+/// are now asked for four heads' score tiles before they are used, not one.
+/// Measured (one binary, random interleaving, fastest / median µs, 1 thread unless said):
+/// - no prefetch: D 64 / W 256 / kv 8 24.1 / 31.4 against 25.5 / 33.0, D 128 41.6 / 51.8
+///   against 44.4 / 49.8, f16 D 64 / W 4096 / kv 8 (8 MiB) 303 / 392 against 328 / 423; two or
+///   eight heads side by side did as well as four;
+/// - prefetch, rows of 256 bytes, 8–16 MiB a thread: D 64 / W 4096 / kv 8 (16 MiB) 613 / 660
+///   against 724 / 821, f16 D 128 (16 MiB) 799 / 888 against 831 / 902; on 2 threads (8 MiB
+///   each) 374 / 457 against 408 / 465; at 12 MiB (D 64 / W 3072) 471 / 531 against 474 / 637;
+/// - not kept: past 16 MiB (D 64 / W 6144 and 8192 / kv 8 within the noise, D 64 / W 32768 /
+///   kv 8 9,238 / 9,723 against 8,835 / 9,758, f16 D 128 9,754 / 11,592 against 8,894 / 9,609);
+///   at 6 MiB a thread on 2 threads (D 64 / W 3072: 328 / 356 against 283 / 318); rows of 512
+///   bytes, whose four heads' block overflows the L1 (D 128 / W 2048 / kv 8, 16 MiB: 630 / 650
+///   against 568 / 596, two heads side by side 582 / 648; W 4096 2,296 / 2,395 against
+///   1,867 / 1,998); and without prefetch past 8 MiB (D 64 / W 4096: 1,165 against 720 fastest).
 template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
   const DF d;
-  block_rows rows[spread_heads];  // per chunk head, its kv head's rows of the block
-  line_feed none;                 // never started: the tiles' steps ask for nothing
+  block_rows rows[side_by_side_heads];  // per chunk head, its kv head's rows of the block
+  const std::byte* fed[side_by_side_heads * block_positions];  // the rows a feed walks
+  line_feed while_scoring, while_summing;
+  const bool prefetch = p.prefetch != prefetch_walk::none;
+  const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   for (std::size_t pos = NextPosition(p.keys, from); pos < hi;) {
     const std::size_t end = BlockEnd(pos, hi);
@@ -367,15 +379,30 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
       CollectRows(p.values, c.kv_head + h, pos, end, rows[h].v);
     }
     const std::size_t n = rows[0].n;
+    if (prefetch) {
+      for (std::size_t h = 0; h < c.count; ++h) std::copy(rows[h].v, rows[h].v + n, fed + h * n);
+      while_scoring.start(prefetch_walk::spaced, fed, c.count * n, row_bytes,
+                          c.count * ScoreTiles(1, n));
+    }
     for (std::size_t h = 0; h < c.count; ++h)
       ScoreRows<Loader>(d, c.q + h * c.padded_dim, rows[h].k, 0, n, p.head_dim,
-                        c.scores + h * block_positions, none);
+                        c.scores + h * block_positions, while_scoring);
+    while_scoring.drain();
     PadScores(c, n);
+    const std::size_t next = NextPosition(p.keys, end);
+    if (prefetch && next < hi) {
+      std::size_t m = 0;
+      for (std::size_t h = 0; h < c.count; ++h)
+        m += CollectRows(p.keys, c.kv_head + h, next, BlockEnd(next, hi), fed + m);
+      while_summing.start(prefetch_walk::spaced, fed, m, row_bytes,
+                          c.count * AccumulateTiles(d, 1, p.head_dim));
+    }
     ExpBlock(c, s);
     for (std::size_t h = 0; h < c.count; ++h)
       AccumulateRest<Loader>(d, p.head_dim, c.scores + h * block_positions, rows[h], 0,
-                             c.rescale[h], s.acc + h * p.head_dim, none);
-    pos = NextPosition(p.keys, end);
+                             c.rescale[h], s.acc + h * p.head_dim, while_summing);
+    while_summing.drain();
+    pos = next;
   }
 }
 

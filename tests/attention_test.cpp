@@ -263,7 +263,9 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_windo
 
 BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
   // The step's rows take each of decode's prefetch walks: none (up to 8 MiB of K and V), dense
-  // (8 MiB with query heads sharing rows: 8/2 heads at D 128) and spaced (past 8 MiB otherwise).
+  // (8 MiB with query heads sharing rows: 8/2 heads at D 128) and spaced (past 8 MiB otherwise);
+  // with one query head per kv head, four kv heads side by side without prefetch (1/1, 8/8 at
+  // D 3) and with the spaced walk (8/8 at D 64: 16 MiB of 256-byte rows).
   const windowed_attention attention;
   error_log errors;
   for (const heads& hs : head_shapes)
