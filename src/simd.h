@@ -86,10 +86,12 @@ struct problem {
   bool side_by_side = false;
 };
 
+/// Bytes of one element of a row of type `type`; O(1).
+inline std::size_t element_bytes(element type) { return type == element::f32 ? 4 : 2; }
+
 /// Bytes of K and V rows a step over `p` reads (every kv head, both windows); O(runs).
 inline std::size_t step_bytes(const problem& p) {
-  const std::size_t element_bytes = p.keys.type == element::f32 ? 4 : 2;
-  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes;
+  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes(p.keys.type);
 }
 
 /// How a step over the whole of `p`, split over `threads` threads, should prefetch; O(runs).
@@ -105,7 +107,7 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t threads) {
 /// p.prefetch (prefetch_walk_for) and p.side_by_side; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
   p.prefetch = prefetch_walk_for(p, threads);
-  const std::size_t row_bytes = p.head_dim * (p.keys.type == element::f32 ? 4 : 2);
+  const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
   const std::size_t per_thread = step_bytes(p) / (threads == 0 ? 1 : threads);
   const bool fits_l1 =
       side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
