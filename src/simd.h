@@ -94,9 +94,10 @@ inline std::size_t step_bytes(const problem& p) {
   return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes(p.keys.type);
 }
 
-/// How a step over the whole of `p`, split over `threads` threads, should prefetch; O(runs).
-inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t threads) {
-  const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
+/// How a step over `p` that reads `bytes` of K and V rows, `per_thread` of them on each of its
+/// threads, should prefetch; O(1).
+inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t bytes,
+                                       std::size_t per_thread) {
   if (p.q_heads >= 2 * p.kv_heads && per_thread >= prefetch_min_bytes &&
       per_thread < dense_prefetch_max_bytes)
     return prefetch_walk::dense;
@@ -106,9 +107,9 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t threads) {
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
 /// p.prefetch (prefetch_walk_for) and p.side_by_side; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
-  p.prefetch = prefetch_walk_for(p, threads);
+  const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
+  p.prefetch = prefetch_walk_for(p, bytes, per_thread);
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
-  const std::size_t per_thread = step_bytes(p) / (threads == 0 ? 1 : threads);
   const bool fits_l1 =
       side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
   p.side_by_side = p.q_heads == p.kv_heads &&
