@@ -6,8 +6,12 @@
 // the part's multiply-adds (16 positions × heads × head_dim for the scores, as many for the V
 // rows) per second. What it answers: how fast the kernel's own
 // arithmetic runs when memory is out of the picture — a whole step's time minus this is what
-// its loads from L2/L3/DRAM cost. Compiled once per Highway target (skeleton.cc pattern), the
-// kernel headers of src/ included as simd.cpp includes them.
+// its loads from L2/L3/DRAM cost. `walk` runs the same pieces block after block over a whole
+// window of 8 kv heads (one query head each) held in L2 or L3, against a streaming read of the
+// same bytes: what the tiles, and the softmax step between them, cost once the rows must stream
+// in (no ring, no prefetch, no validation: the kernel's arithmetic and nothing else). Compiled
+// once per Highway target (skeleton.cc pattern), the kernel headers of src/ included as
+// simd.cpp includes them.
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -17,6 +21,7 @@
 #include <new>
 
 #include "simd.h"
+#include "stream_read.h"
 
 #ifndef RINGKV_TILE_BENCH_WORK_
 #define RINGKV_TILE_BENCH_WORK_  // once, though foreach_target.h includes this file per target
@@ -46,7 +51,50 @@ namespace hn = hwy::HWY_NAMESPACE;
 namespace rs = ringkv::simd::HWY_NAMESPACE;
 
 /// Which piece of a block RunPart repeats.
-enum part : int { block = 0, scores = 1, softmax = 2, values = 3 };
+enum part : int { block = 0, scores = 1, softmax = 2, values = 3, tiles = 4 };
+
+/// Repeats one part `repeats` times over one block of 16 rows (`k`, `v`: [16, dim]) for `heads`
+/// query heads; `work` is 64-byte aligned scratch of work_floats(dim, heads) floats. Returns a
+/// value of the result so the work cannot be dropped.
+/// A chunk of `heads` query heads over 64-byte aligned scratch `work` (work_floats(dim, heads)
+/// floats): q [heads, dim], scores [heads, 16], rescale, max and sum [heads], acc [heads, dim];
+/// q set to small values, the state empty.
+struct block_work {
+  rs::chunk c;
+  ringkv::simd::state s;
+
+  block_work(std::size_t dim, std::size_t heads, float* work) {
+    constexpr std::size_t B = ringkv::simd::block_positions;
+    c.count = heads;
+    c.padded_dim = dim;  // a multiple of 16 here
+    float* q = work;                                 // [heads, dim]
+    c.scores = q + heads * dim;                      // [heads, B]
+    c.rescale = c.scores + heads * B;                // [heads]
+    float* max = c.rescale + padded_heads(heads);    // [heads]
+    float* sum = max + padded_heads(heads);          // [heads]
+    float* acc = sum + padded_heads(heads);          // [heads, dim]
+    for (std::size_t i = 0; i < heads * dim; ++i) q[i] = 1e-3f * float(i % 7);
+    for (std::size_t h = 0; h < heads; ++h) {
+      max[h] = rs::minus_infinity;
+      sum[h] = 0.0f;
+      c.rescale[h] = 1.0f;
+    }
+    for (std::size_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
+    c.q = q;
+    s = {max, sum, acc};
+  }
+  float result() const { return s.acc[0] + s.sum[0] + c.scores[0]; }
+};
+
+/// b's K and V rows: `rows` rows of `dim` floats from k and v.
+void PointRows(rs::block_rows& b, const float* k, const float* v, std::size_t dim,
+               std::size_t rows) {
+  b.n = rows;
+  for (std::size_t j = 0; j < rows; ++j) {
+    b.k[j] = reinterpret_cast<const std::byte*>(k + j * dim);
+    b.v[j] = reinterpret_cast<const std::byte*>(v + j * dim);
+  }
+}
 
 /// Repeats one part `repeats` times over one block of 16 rows (`k`, `v`: [16, dim]) for `heads`
 /// query heads; `work` is 64-byte aligned scratch of work_floats(dim, heads) floats. Returns a
@@ -54,30 +102,11 @@ enum part : int { block = 0, scores = 1, softmax = 2, values = 3 };
 float RunPartImpl(int which, std::size_t dim, std::size_t heads, std::size_t repeats,
                   const float* k, const float* v, float* work) {
   const rs::DF d;
-  constexpr std::size_t B = ringkv::simd::block_positions;
-  rs::chunk c;
-  c.count = heads;
-  c.padded_dim = dim;  // a multiple of 16 here
-  float* q = work;                          // [heads, dim]
-  c.scores = q + heads * dim;               // [heads, B]
-  c.rescale = c.scores + heads * B;         // [heads]
-  float* max = c.rescale + padded_heads(heads);  // [heads]
-  float* sum = max + padded_heads(heads);        // [heads]
-  float* acc = sum + padded_heads(heads);        // [heads, dim]
-  for (std::size_t i = 0; i < heads * dim; ++i) q[i] = 1e-3f * float(i % 7);
-  for (std::size_t h = 0; h < heads; ++h) {
-    max[h] = rs::minus_infinity;
-    sum[h] = 0.0f;
-  }
-  for (std::size_t i = 0; i < heads * dim; ++i) acc[i] = 0.0f;
-  c.q = q;
-  const ringkv::simd::state s{max, sum, acc};
+  block_work w(dim, heads, work);
+  const rs::chunk& c = w.c;
+  const ringkv::simd::state& s = w.s;
   rs::block_rows b;
-  b.n = B;
-  for (std::size_t j = 0; j < B; ++j) {
-    b.k[j] = reinterpret_cast<const std::byte*>(k + j * dim);
-    b.v[j] = reinterpret_cast<const std::byte*>(v + j * dim);
-  }
+  PointRows(b, k, v, dim, ringkv::simd::block_positions);
   rs::line_feed idle;
   rs::ScoreBlock<rs::row_loader<float>>(d, dim, c, b, idle);
   rs::ExpBlock(c, s);
@@ -87,7 +116,30 @@ float RunPartImpl(int which, std::size_t dim, std::size_t heads, std::size_t rep
     if (which == block || which == values)
       rs::AccumulateBlock<rs::row_loader<float>>(d, dim, c, b, s, idle);
   }
-  return acc[0] + sum[0] + c.scores[0];
+  return w.result();
+}
+
+/// One step's walk over a window with its rows in L2 or L3 rather than hot: one query head per
+/// kv head, kv head after kv head, block after block over `positions` rows (`k`, `v`:
+/// [kv_heads, positions, dim]), as the kernel's one-head chunks take them (no ring, no prefetch).
+/// which: block (scores, softmax step, V tiles), scores, values, or tiles (scores and V tiles,
+/// no softmax step between them: the weights are the raw scores).
+float WalkImpl(int which, std::size_t dim, std::size_t positions, std::size_t kv_heads,
+               const float* k, const float* v, float* work) {
+  const rs::DF d;
+  constexpr std::size_t B = ringkv::simd::block_positions;
+  block_work w(dim, 1, work);
+  rs::line_feed idle;
+  rs::block_rows b;
+  for (std::size_t h = 0; h < kv_heads; ++h)
+    for (std::size_t p = 0; p + B <= positions; p += B) {
+      const std::size_t at = (h * positions + p) * dim;
+      PointRows(b, k + at, v + at, dim, B);
+      if (which != values) rs::ScoreBlock<rs::row_loader<float>>(d, dim, w.c, b, idle);
+      if (which == block) rs::ExpBlock(w.c, w.s);
+      if (which != scores) rs::AccumulateBlock<rs::row_loader<float>>(d, dim, w.c, b, w.s, idle);
+    }
+  return w.result();
 }
 
 /// Eight independent FMA chains, `repeats` steps: one multiply-add per lane each.
@@ -120,6 +172,7 @@ namespace ringkv_bench {
 namespace {
 
 HWY_EXPORT(RunPartImpl);
+HWY_EXPORT(WalkImpl);
 HWY_EXPORT(FmaPeakImpl);
 HWY_EXPORT(FmaLanesImpl);
 
@@ -156,6 +209,32 @@ void tile(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// Part `roof` of walk: a streaming read of the window's K and V (stream_read.h), nothing else.
+constexpr int roof = 5;
+constexpr std::size_t walk_kv_heads = 8;
+
+/// Args: part (0 the whole block, 1 score tiles, 3 V tiles, 4 score and V tiles without the
+/// softmax step, 5 the streaming read), head_dim, window positions per kv head (8 kv heads, one
+/// query head each). Bytes processed: the rows the part reads.
+void walk(benchmark::State& state) {
+  const int which = static_cast<int>(state.range(0));
+  const std::size_t dim = state.range(1), positions = state.range(2);
+  const std::size_t n = walk_kv_heads * positions * dim;  // [kv_heads, positions, dim]
+  floats k = aligned_floats(n), v = aligned_floats(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    k[i] = float((i * 37) % 101) / 101.0f - 0.5f;
+    v[i] = float((i * 53) % 103) / 103.0f - 0.5f;
+  }
+  floats work = aligned_floats(work_floats(dim, 1));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(
+        which == roof ? stream_read(k.get(), n) + stream_read(v.get(), n)
+                      : HWY_DYNAMIC_DISPATCH(WalkImpl)(which, dim, positions, walk_kv_heads,
+                                                       k.get(), v.get(), work.get()));
+  const bool both = which != 1 && which != 3;
+  state.SetBytesProcessed(std::int64_t(state.iterations() * n * sizeof(float) * (both ? 2 : 1)));
+}
+
 void fma_peak(benchmark::State& state) {
   constexpr std::size_t steps = 1 << 16;
   for (auto _ : state) benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(steps));
@@ -168,6 +247,10 @@ BENCHMARK(fma_peak);
 BENCHMARK(tile)
     ->ArgNames({"part", "D", "heads"})
     ->ArgsProduct({{0, 1, 2, 3}, {64, 128}, {1, 4, 8}});
+BENCHMARK(walk)
+    ->ArgNames({"part", "D", "W"})
+    ->ArgsProduct({{5, 0, 4, 1, 3}, {64, 128}, {64, 256, 1024}})
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace ringkv_bench
