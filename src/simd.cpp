@@ -36,46 +36,31 @@ HWY_NOINLINE void AttendT(const problem& p, std::size_t from, std::size_t to, co
     }
 }
 
-/// One chunk of a decode over the problem's own rows (see DecodeSegments).
-template <class Loader>
-HWY_INLINE void DecodeChunk(const problem& p, const chunk& c, float* extra, const float* sinks,
-                            float* out) {
-  DecodeSegments(p.keys, p.head_dim, c, extra, sinks, out,
-                 [&](std::size_t from, std::size_t to, const state& s) {
-                   AttendRows<Loader>(p, c, from, to, s);
-                 });
-}
-
-/// A decode with one query head per kv head, in chunks of up to side_by_side_heads kv heads
-/// (see AttendSpread).
-template <class Loader>
-HWY_NOINLINE void DecodeSpread(const problem& p, const float* sinks, float* out) {
-  HWY_ALIGN float scratch[scratch_floats];
-  const std::size_t per_chunk = FittingHeads(p, p.head_dim + 4, side_by_side_heads);
-  chunk c;
-  for (std::size_t kv = 0; kv < p.kv_heads; kv += per_chunk) {
-    const std::size_t used =
-        LayOutChunk(p, kv, kv, std::min(per_chunk, p.kv_heads - kv), scratch, c);
-    DecodeSegments(p.keys, p.head_dim, c, scratch + used, sinks, out,
-                   [&](std::size_t from, std::size_t to, const state& s) {
-                     AttendSpread<Loader>(p, c, from, to, s);
-                   });
-  }
-}
-
+/// The whole decode, chunk by chunk: a chunk is up to ChunkHeads query heads of one kv head's
+/// group, or, when p.side_by_side, up to side_by_side_heads kv heads with their one query head
+/// each (see AttendSpread); each chunk walks its segments (DecodeSegments).
 template <class Loader>
 HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
-  if (p.side_by_side) return DecodeSpread<Loader>(p, sinks, out);
   HWY_ALIGN float scratch[scratch_floats];
   const std::size_t group = p.q_heads / p.kv_heads;
-  const std::size_t per_chunk = ChunkHeads(p, p.head_dim + 4);
+  const std::size_t per_chunk = p.side_by_side
+                                    ? FittingHeads(p, p.head_dim + 4, side_by_side_heads)
+                                    : ChunkHeads(p, p.head_dim + 4);
   chunk c;
-  for (std::size_t kv = 0; kv < p.kv_heads; ++kv)
-    for (std::size_t q0 = kv * group; q0 < (kv + 1) * group; q0 += per_chunk) {
-      const std::size_t used =
-          LayOutChunk(p, kv, q0, std::min(per_chunk, (kv + 1) * group - q0), scratch, c);
-      DecodeChunk<Loader>(p, c, scratch + used, sinks, out);
-    }
+  for (std::size_t q0 = 0; q0 < p.q_heads;) {
+    const std::size_t kv = q0 / group;
+    // One past the last head the chunk may take: its group's, or any kv head's side by side.
+    const std::size_t last = p.side_by_side ? p.q_heads : (kv + 1) * group;
+    const std::size_t used = LayOutChunk(p, kv, q0, std::min(per_chunk, last - q0), scratch, c);
+    DecodeSegments(p.keys, p.head_dim, c, scratch + used, sinks, out,
+                   [&](std::size_t from, std::size_t to, const state& s) {
+                     if (p.side_by_side)
+                       AttendSpread<Loader>(p, c, from, to, s);
+                     else
+                       AttendRows<Loader>(p, c, from, to, s);
+                   });
+    q0 += c.count;
+  }
 }
 
 /// Calls run(row_loader<T>{}) for the element type T of the problem's rows: one switch per
