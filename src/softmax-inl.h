@@ -271,19 +271,49 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
   feed.drain();
 }
 
+/// A block's rows when each chunk head reads a kv head of its own (AttendSpread): chunk head h
+/// reads head[h]; n rows each.
+struct spread_rows {
+  block_rows head[side_by_side_heads];
+  std::size_t n = 0;
+};
+
+/// Scores of each chunk head's own rows (ScoreRows, as a one-head chunk computes them).
+template <class Loader>
+HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
+                           line_feed& feed) {
+  for (std::size_t h = 0; h < c.count; ++h)
+    ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.head[h].k, 0, b.n, head_dim,
+                      c.scores + h * block_positions, feed);
+  feed.drain();
+  PadScores(c, b.n);
+}
+
+/// Folds each chunk head's own V rows into its accumulator (AccumulateRest, as alone).
+template <class Loader>
+HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
+                                const state& s, line_feed& feed) {
+  for (std::size_t h = 0; h < c.count; ++h)
+    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b.head[h], 0,
+                           c.rescale[h], s.acc + h * head_dim, feed);
+  feed.drain();
+}
+
 /// Continues the chunk's state `s` (its rows) over the positions of `positions` in [from, to),
 /// one block of absolute positions at a time; blocks that hold no window position are skipped.
 /// collect(pos, end, b, feed) fills b's K and V rows of positions [pos, end), returns how many,
 /// and may start `feed` with rows to prefetch while the block's scores are computed;
 /// adjust(next, b, feed) runs once the scores are computed, before the softmax step: it may
 /// change them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are
-/// summed (e.g. those of the next block, which starts at position `next`).
-template <class Loader, class Collect, class Adjust>
+/// summed (e.g. those of the next block, which starts at position `next`). Block: the rows of
+/// one kv head that the chunk's heads share (block_rows), or one kv head's per head
+/// (spread_rows).
+template <class Loader, class Block = block_rows, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
                              std::size_t from, std::size_t to, const state& s, Collect&& collect,
                              Adjust&& adjust) {
   const DF d;
-  block_rows b;
+  Block b;
   line_feed while_scoring, while_summing;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
@@ -365,45 +395,34 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
 template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
-  const DF d;
-  block_rows rows[side_by_side_heads];  // per chunk head, its kv head's rows of the block
   const std::byte* fed[side_by_side_heads * block_positions];  // the rows a feed walks
-  line_feed while_scoring, while_summing;
   const bool prefetch = p.prefetch != prefetch_walk::none;
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
-  for (std::size_t pos = NextPosition(p.keys, from); pos < hi;) {
-    const std::size_t end = BlockEnd(pos, hi);
-    for (std::size_t h = 0; h < c.count; ++h) {
-      rows[h].n = CollectRows(p.keys, c.kv_head + h, pos, end, rows[h].k);
-      CollectRows(p.values, c.kv_head + h, pos, end, rows[h].v);
-    }
-    const std::size_t n = rows[0].n;
-    if (prefetch) {
-      for (std::size_t h = 0; h < c.count; ++h) std::copy(rows[h].v, rows[h].v + n, fed + h * n);
-      while_scoring.start(prefetch_walk::spaced, fed, c.count * n, row_bytes,
-                          c.count * ScoreTiles(1, n));
-    }
-    for (std::size_t h = 0; h < c.count; ++h)
-      ScoreRows<Loader>(d, c.q + h * c.padded_dim, rows[h].k, 0, n, p.head_dim,
-                        c.scores + h * block_positions, while_scoring);
-    while_scoring.drain();
-    PadScores(c, n);
-    const std::size_t next = NextPosition(p.keys, end);
-    if (prefetch && next < hi) {
-      std::size_t m = 0;
-      for (std::size_t h = 0; h < c.count; ++h)
-        m += CollectRows(p.keys, c.kv_head + h, next, BlockEnd(next, hi), fed + m);
-      while_summing.start(prefetch_walk::spaced, fed, m, row_bytes,
-                          c.count * AccumulateTiles(d, 1, p.head_dim));
-    }
-    ExpBlock(c, s);
-    for (std::size_t h = 0; h < c.count; ++h)
-      AccumulateRest<Loader>(d, p.head_dim, c.scores + h * block_positions, rows[h], 0,
-                             c.rescale[h], s.acc + h * p.head_dim, while_summing);
-    while_summing.drain();
-    pos = next;
-  }
+  AttendBlocks<Loader, spread_rows>(
+      p.keys, p.head_dim, c, from, to, s,
+      [&](std::size_t pos, std::size_t end, spread_rows& b, line_feed& feed) {
+        for (std::size_t h = 0; h < c.count; ++h) {
+          b.head[h].n = CollectRows(p.keys, c.kv_head + h, pos, end, b.head[h].k);
+          CollectRows(p.values, c.kv_head + h, pos, end, b.head[h].v);
+        }
+        const std::size_t n = b.head[0].n;
+        if (prefetch) {
+          for (std::size_t h = 0; h < c.count; ++h)
+            std::copy(b.head[h].v, b.head[h].v + n, fed + h * n);
+          feed.start(prefetch_walk::spaced, fed, c.count * n, row_bytes,
+                     c.count * ScoreTiles(1, n));
+        }
+        return n;
+      },
+      [&](std::size_t next, const spread_rows&, line_feed& feed) {
+        if (!prefetch || next >= hi) return;
+        std::size_t m = 0;
+        for (std::size_t h = 0; h < c.count; ++h)
+          m += CollectRows(p.keys, c.kv_head + h, next, BlockEnd(next, hi), fed + m);
+        feed.start(prefetch_walk::spaced, fed, m, row_bytes,
+                   c.count * AccumulateTiles(DF(), 1, p.head_dim));
+      });
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
