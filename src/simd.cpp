@@ -43,9 +43,8 @@ template <class Loader>
 HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
   HWY_ALIGN float scratch[scratch_floats];
   const std::size_t group = p.q_heads / p.kv_heads;
-  const std::size_t per_chunk = p.side_by_side
-                                    ? FittingHeads(p, p.head_dim + 4, side_by_side_heads)
-                                    : ChunkHeads(p, p.head_dim + 4);
+  const std::size_t per_chunk =
+      FittingHeads(p, p.head_dim + 4, p.side_by_side ? side_by_side_heads : group);
   chunk c;
   for (std::size_t q0 = 0; q0 < p.q_heads;) {
     const std::size_t kv = q0 / group;
