@@ -138,10 +138,9 @@ simd::window window_of(const windowed_kv& w) {
   return out;
 }
 
-/// The kernels' view of a step whose rows `threads` threads read (plan_reads decides how; 0:
-/// not decided yet, for a caller that learns its thread count from the view); O(runs).
-simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
-                         const windowed_kv& values, float scale, std::size_t threads) {
+/// The kernels' view of a step, how its rows are read not yet planned (plan_reads); O(runs).
+simd::problem view_of(std::span<const float> query, const windowed_kv& keys,
+                      const windowed_kv& values, float scale) {
   simd::problem p;
   p.query = query.data();
   p.keys = window_of(keys);
@@ -150,7 +149,14 @@ simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
   p.kv_heads = keys.heads();
   p.q_heads = query.size() / p.head_dim;
   p.scale = scale;
-  if (threads != 0) simd::plan_reads(p, threads);
+  return p;
+}
+
+/// view_of with its reads planned for one thread (a step the caller's thread runs); O(runs).
+simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
+                         const windowed_kv& values, float scale) {
+  simd::problem p = view_of(query, keys, values, scale);
+  simd::plan_reads(p, 1);
   return p;
 }
 
@@ -191,7 +197,7 @@ float check_step(std::string_view caller, std::span<const float> query, std::siz
 void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
             std::span<float> out, float scale, std::span<const float> sinks) {
   const float s = check_decode("ringkv::kernels::decode", query, keys, values, out, scale, sinks);
-  simd::decode(problem_of(query, keys, values, s, 1), sinks.empty() ? nullptr : sinks.data(),
+  simd::decode(problem_of(query, keys, values, s), sinks.empty() ? nullptr : sinks.data(),
                out.data());
 }
 
@@ -213,7 +219,7 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
                        ") = " + str(need) + " needed");
   if (overlaps(scratch, out) || overlaps(scratch, query) || overlaps(scratch, sinks))
     refuse(caller, "scratch overlaps out, query or sinks");
-  simd::problem p = problem_of(query, keys, values, s, 0);
+  simd::problem p = view_of(query, keys, values, s);  // reads planned once the split is known
   const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
   const simd::split_plan plan = simd::plan_split(p, pool.size(), scratch.size());
   simd::plan_reads(p, std::min(pool.size(), plan.tasks));
@@ -248,7 +254,7 @@ void attend(std::span<const float> query, const windowed_kv& keys, const windowe
   if (s.max.size() != q_heads || check_state(caller, "s", s) != keys.head_dim())
     refuse(caller, "s has max[" + str(s.max.size()) + "], acc[" + str(s.acc.size()) +
                        "]; expected max[" + str(q_heads) + "], acc[" + str(query.size()) + "]");
-  simd::attend(problem_of(query, keys, values, resolved, 1), from, to, state_of(s));
+  simd::attend(problem_of(query, keys, values, resolved), from, to, state_of(s));
 }
 
 void merge(const softmax_state& into, const softmax_state& from) {
