@@ -186,16 +186,23 @@ floats aligned_floats(std::size_t n) {
   return floats(new (std::align_val_t{64}) float[n]);
 }
 
+/// n floats of K rows (into k) and of V rows (into v), in [−0.5, 0.5), neither repeating soon.
+void fill_rows(floats& k, floats& v, std::size_t n) {
+  k = aligned_floats(n);
+  v = aligned_floats(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    k[i] = float((i * 37) % 101) / 101.0f - 0.5f;
+    v[i] = float((i * 53) % 103) / 103.0f - 0.5f;
+  }
+}
+
 /// Args: part (0 the whole block, 1 score tiles, 2 softmax step, 3 V tiles), head_dim, query
 /// heads per kv head.
 void tile(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0));
   const std::size_t dim = state.range(1), heads = state.range(2);
-  floats k = aligned_floats(rows * dim), v = aligned_floats(rows * dim);
-  for (std::size_t i = 0; i < rows * dim; ++i) {
-    k[i] = float((i * 37) % 101) / 101.0f - 0.5f;
-    v[i] = float((i * 53) % 103) / 103.0f - 0.5f;
-  }
+  floats k, v;
+  fill_rows(k, v, rows * dim);
   floats work = aligned_floats(work_floats(dim, heads));
   for (auto _ : state)
     benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(RunPartImpl)(
@@ -218,11 +225,8 @@ void walk(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0));
   const std::size_t dim = state.range(1), positions = state.range(2);
   const std::size_t n = walk_kv_heads * positions * dim;  // [kv_heads, positions, dim]
-  floats k = aligned_floats(n), v = aligned_floats(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    k[i] = float((i * 37) % 101) / 101.0f - 0.5f;
-    v[i] = float((i * 53) % 103) / 103.0f - 0.5f;
-  }
+  floats k, v;
+  fill_rows(k, v, n);
   floats work = aligned_floats(work_floats(dim, 1));
   for (auto _ : state)
     benchmark::DoNotOptimize(
