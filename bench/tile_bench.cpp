@@ -26,6 +26,11 @@
 #ifndef RINGKV_TILE_BENCH_WORK_
 #define RINGKV_TILE_BENCH_WORK_  // once, though foreach_target.h includes this file per target
 namespace ringkv_bench {
+/// Which piece of a block tile and walk run (the benchmarks' first argument): the whole block,
+/// its score tiles, its softmax step, its V tiles, score and V tiles without the softmax step
+/// (the weights are the raw scores), or (walk only) a streaming read of the same rows.
+enum part : int { block = 0, scores = 1, softmax = 2, values = 3, tiles = 4, roof = 5 };
+
 /// Floats of RunPart's scratch: q [heads, dim], scores [heads, 16], rescale, max and sum [heads]
 /// each padded to 16 floats (so acc stays 64-byte aligned), acc [heads, dim].
 constexpr std::size_t padded_heads(std::size_t heads) {
@@ -49,9 +54,6 @@ HWY_BEFORE_NAMESPACE();
 namespace ringkv_bench::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 namespace rs = ringkv::simd::HWY_NAMESPACE;
-
-/// Which piece of a block RunPart repeats.
-enum part : int { block = 0, scores = 1, softmax = 2, values = 3, tiles = 4 };
 
 /// A chunk of `heads` query heads over 64-byte aligned scratch `work` (work_floats(dim, heads)
 /// floats): q [heads, dim], scores [heads, 16], rescale, max and sum [heads], acc [heads, dim];
@@ -196,8 +198,7 @@ void fill_rows(floats& k, floats& v, std::size_t n) {
   }
 }
 
-/// Args: part (0 the whole block, 1 score tiles, 2 softmax step, 3 V tiles), head_dim, query
-/// heads per kv head.
+/// Args: part (block, scores, softmax or values), head_dim, query heads per kv head.
 void tile(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0));
   const std::size_t dim = state.range(1), heads = state.range(2);
@@ -208,19 +209,17 @@ void tile(benchmark::State& state) {
     benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(RunPartImpl)(
         which, dim, heads, repeats_per_iteration, k.get(), v.get(), work.get()));
   const double per_phase = double(rows * heads * dim);
-  const double phases = which == 0 ? 2.0 : which == 2 ? 0.0 : 1.0;
+  const double phases = which == block ? 2.0 : which == softmax ? 0.0 : 1.0;
   state.counters["multiply_adds_per_second"] = benchmark::Counter(
       phases * per_phase * double(repeats_per_iteration),
       benchmark::Counter::kIsIterationInvariantRate);
 }
 
-/// Part `roof` of walk: a streaming read of the window's K and V (stream_read.h), nothing else.
-constexpr int roof = 5;
 constexpr std::size_t walk_kv_heads = 8;
 
-/// Args: part (0 the whole block, 1 score tiles, 3 V tiles, 4 score and V tiles without the
-/// softmax step, 5 the streaming read), head_dim, window positions per kv head (8 kv heads, one
-/// query head each). Bytes processed: the rows the part reads.
+/// Args: part (block, tiles, scores, values, or roof: a streaming read of the window's K and V,
+/// stream_read.h), head_dim, window positions per kv head (8 kv heads, one query head each).
+/// Bytes processed: the rows the part reads.
 void walk(benchmark::State& state) {
   const int which = static_cast<int>(state.range(0));
   const std::size_t dim = state.range(1), positions = state.range(2);
@@ -233,7 +232,7 @@ void walk(benchmark::State& state) {
         which == roof ? stream_read(k.get(), n) + stream_read(v.get(), n)
                       : HWY_DYNAMIC_DISPATCH(WalkImpl)(which, dim, positions, walk_kv_heads,
                                                        k.get(), v.get(), work.get()));
-  const bool both = which != 1 && which != 3;
+  const bool both = which != scores && which != values;
   state.SetBytesProcessed(std::int64_t(state.iterations() * n * sizeof(float) * (both ? 2 : 1)));
 }
 
@@ -248,10 +247,10 @@ void fma_peak(benchmark::State& state) {
 BENCHMARK(fma_peak);
 BENCHMARK(tile)
     ->ArgNames({"part", "D", "heads"})
-    ->ArgsProduct({{0, 1, 2, 3}, {64, 128}, {1, 4, 8}});
+    ->ArgsProduct({{block, scores, softmax, values}, {64, 128}, {1, 4, 8}});
 BENCHMARK(walk)
     ->ArgNames({"part", "D", "W"})
-    ->ArgsProduct({{5, 0, 4, 1, 3}, {64, 128}, {64, 256, 1024}})
+    ->ArgsProduct({{roof, block, tiles, scores, values}, {64, 128}, {64, 256, 1024}})
     ->UseRealTime();
 
 }  // namespace

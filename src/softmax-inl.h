@@ -272,21 +272,26 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 }
 
 /// A block's rows when each chunk head reads a kv head of its own (AttendSpread): chunk head h
-/// reads head[h]; n rows each.
+/// reads head[h]; every head has the same count of rows (the block's positions).
 struct spread_rows {
   block_rows head[side_by_side_heads];
-  std::size_t n = 0;
 };
+
+/// The block's row count ← n: block_rows' own, or every head's of spread_rows.
+HWY_INLINE void SetRowCount(block_rows& b, std::size_t n) { b.n = n; }
+HWY_INLINE void SetRowCount(spread_rows& b, std::size_t n) {
+  for (block_rows& h : b.head) h.n = n;
+}
 
 /// Scores of each chunk head's own rows (ScoreRows, as a one-head chunk computes them).
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                            line_feed& feed) {
   for (std::size_t h = 0; h < c.count; ++h)
-    ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.head[h].k, 0, b.n, head_dim,
+    ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.head[h].k, 0, b.head[h].n, head_dim,
                       c.scores + h * block_positions, feed);
   feed.drain();
-  PadScores(c, b.n);
+  PadScores(c, b.head[0].n);
 }
 
 /// Folds each chunk head's own V rows into its accumulator (AccumulateRest, as alone).
@@ -318,7 +323,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
     const std::size_t end = BlockEnd(pos, hi);
-    b.n = collect(pos, end, b, while_scoring);
+    SetRowCount(b, collect(pos, end, b, while_scoring));
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
     const std::size_t next = NextPosition(positions, end);
     adjust(next, b, while_summing);
@@ -402,11 +407,11 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
   AttendBlocks<Loader, spread_rows>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, spread_rows& b, line_feed& feed) {
+        std::size_t n = 0;
         for (std::size_t h = 0; h < c.count; ++h) {
-          b.head[h].n = CollectRows(p.keys, c.kv_head + h, pos, end, b.head[h].k);
+          n = CollectRows(p.keys, c.kv_head + h, pos, end, b.head[h].k);
           CollectRows(p.values, c.kv_head + h, pos, end, b.head[h].v);
         }
-        const std::size_t n = b.head[0].n;
         if (prefetch) {
           for (std::size_t h = 0; h < c.count; ++h)
             std::copy(b.head[h].v, b.head[h].v + n, fed + h * n);
