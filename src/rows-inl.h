@@ -195,12 +195,14 @@ struct line_feed {
   std::uintptr_t line = 0;
 
   /// Feeds the lines of rows_in[0, rows_n) over about `steps` calls of step(), walked as `walk`
-  /// says (not none); O(rows_n).
+  /// says (not none); O(rows_n). The dense walk takes one block's rows of one kv head (at most
+  /// block_positions ranges: AttendRange's); the spaced walk any number (AttendSpread's heads).
   HWY_INLINE void start(prefetch_walk walk, const std::byte* const* rows_in, std::size_t rows_n,
                         std::size_t bytes, std::size_t steps) {
     dense = walk == prefetch_walk::dense;
     std::size_t lines = 0;
     if (dense) {
+      HWY_DASSERT(rows_n <= block_positions);
       ranges = 0;
       for (std::size_t i = 0; i < rows_n; ++i) {
         const std::uintptr_t r = reinterpret_cast<std::uintptr_t>(rows_in[i]);
