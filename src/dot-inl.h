@@ -118,18 +118,21 @@ HWY_INLINE void Step4x2(VF qa, VF qb, const std::byte* const* k, At at, VF& a0, 
   OuterStep2x4(qa, qb, at(k[0]), at(k[1]), at(k[2]), at(k[3]), a0, a1, a2, a3, b0, b1, b2, b3);
 }
 
-/// Scores of eight rows for one query head (q zero-padded to whole vectors, aligned).
+/// Scores of eight rows for one query head (q zero-padded to whole vectors, aligned); each row
+/// read from element `skip` on (another kv head's row, see ScoreRows).
 template <class Loader>
 HWY_INLINE void Score8x1(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
-                         std::size_t dim, float* s) {
+                         std::size_t dim, float* s, std::size_t skip) {
   const std::size_t N = hn::Lanes(d);
   VF c0 = hn::Zero(d), c1 = hn::Zero(d), c2 = hn::Zero(d), c3 = hn::Zero(d);
   VF c4 = hn::Zero(d), c5 = hn::Zero(d), c6 = hn::Zero(d), c7 = hn::Zero(d);
   std::size_t i = 0;
   for (; i + N <= dim; i += N)
-    Step8x1(hn::Load(d, q + i), k, vector_at<Loader>{d, i}, c0, c1, c2, c3, c4, c5, c6, c7);
+    Step8x1(hn::Load(d, q + i), k, vector_at<Loader>{d, skip + i}, c0, c1, c2, c3, c4, c5, c6,
+            c7);
   if (i < dim)
-    Step8x1(hn::Load(d, q + i), k, tail_at<Loader>{d, i, dim - i}, c0, c1, c2, c3, c4, c5, c6, c7);
+    Step8x1(hn::Load(d, q + i), k, tail_at<Loader>{d, skip + i, dim - i}, c0, c1, c2, c3, c4, c5,
+            c6, c7);
   Sum8(d, c0, c1, c2, c3, c4, c5, c6, c7, s);
 }
 
@@ -151,29 +154,34 @@ HWY_INLINE void Score4x2(DF d, const float* HWY_RESTRICT qa, const float* HWY_RE
   Sum4(d, b0, b1, b2, b3, sb);
 }
 
-/// The score of one row for one head (window edges, where a block has few rows).
+/// The score of one row for one head (window edges, where a block has few rows), the row read
+/// from element `skip` on.
 template <class Loader>
 HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* row,
-                          std::size_t dim) {
+                          std::size_t dim, std::size_t skip) {
   const std::size_t N = hn::Lanes(d);
   VF c = hn::Zero(d);
   std::size_t i = 0;
-  for (; i + N <= dim; i += N) c = hn::MulAdd(hn::Load(d, q + i), Loader::load(d, row, i), c);
-  if (i < dim) c = hn::MulAdd(hn::Load(d, q + i), Loader::load_tail(d, row, i, dim - i), c);
+  for (; i + N <= dim; i += N)
+    c = hn::MulAdd(hn::Load(d, q + i), Loader::load(d, row, skip + i), c);
+  if (i < dim)
+    c = hn::MulAdd(hn::Load(d, q + i), Loader::load_tail(d, row, skip + i, dim - i), c);
   return Sum1(d, c);
 }
 
-/// Scores of rows [from, n) for one head, eight at a time.
+/// Scores of rows [from, n) for one head, eight at a time. Each row is read from element `skip`
+/// on: 0 for the rows themselves, h · (elements between kv heads) for the same positions' rows
+/// of the kv head h further on (AttendSpread's heads), the same loads as from their own pointers.
 template <class Loader>
 HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
                           std::size_t from, std::size_t n, std::size_t dim, float* s,
-                          line_feed& feed) {
+                          line_feed& feed, std::size_t skip = 0) {
   std::size_t j = from;
   for (; j + 8 <= n; j += 8) {
-    Score8x1<Loader>(d, q, k + j, dim, s + j);
+    Score8x1<Loader>(d, q, k + j, dim, s + j, skip);
     feed.step();
   }
-  for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim);
+  for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim, skip);
 }
 
 /// Tile calls ScoreHeads makes for n rows and `heads` heads (the steps its feed is spread over).

@@ -183,9 +183,12 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
 struct line_feed {
   std::size_t per_step = 0;  // lines a step() asks for; 0 until started
   bool dense = false;
-  // Spaced walk: the caller's row pointers (alive until the feed is drained), the next line.
+  // Spaced walk: the caller's row pointers (alive until the feed is drained), for each of
+  // `heads` kv heads head_bytes apart; the next line is `offset` into row `row` of head `head`,
+  // whose rows lie head_base bytes past the pointers.
   const std::byte* const* rows = nullptr;
   std::size_t n = 0, row_bytes = 0, row = 0, offset = 0;
+  std::size_t heads = 0, head_bytes = 0, head = 0, head_base = 0;
   // Dense walk: byte ranges [begin, end) from line boundaries, the next line of range `range`
   // (addresses as integers: the last line of a range may start past its end, and past its
   // buffer, which a pointer may not).
@@ -196,9 +199,11 @@ struct line_feed {
 
   /// Feeds the lines of rows_in[0, rows_n) over about `steps` calls of step(), walked as `walk`
   /// says (not none); O(rows_n). The dense walk takes one block's rows of one kv head (at most
-  /// block_positions ranges: AttendRange's); the spaced walk any number (AttendSpread's heads).
+  /// block_positions ranges: AttendRange's); the spaced walk those rows and the same rows of
+  /// the next kv_heads − 1 kv heads, kv_head_bytes apart (AttendSpread's heads), head by head.
   HWY_INLINE void start(prefetch_walk walk, const std::byte* const* rows_in, std::size_t rows_n,
-                        std::size_t bytes, std::size_t steps) {
+                        std::size_t bytes, std::size_t steps, std::size_t kv_heads = 1,
+                        std::size_t kv_head_bytes = 0) {
     dense = walk == prefetch_walk::dense;
     std::size_t lines = 0;
     if (dense) {
@@ -217,11 +222,14 @@ struct line_feed {
       range = 0;
       line = ranges != 0 ? begin[0] : 0;
     } else {
+      HWY_DASSERT(kv_heads >= 1);
       rows = rows_in;
       n = rows_n;
       row_bytes = bytes;
-      row = offset = 0;
-      lines = n * ((bytes + 63) / 64);
+      heads = kv_heads;
+      head_bytes = kv_head_bytes;
+      row = offset = head = head_base = 0;
+      lines = heads * n * ((bytes + 63) / 64);
     }
     per_step = (lines + steps - 1) / std::max<std::size_t>(steps, 1);
   }
@@ -268,17 +276,23 @@ struct line_feed {
   HWY_INLINE void StepSpaced() {
     const std::byte* const* rs = rows;
     const std::size_t nn = n, rb = row_bytes;
-    std::size_t r = row, off = offset;
-    for (std::size_t k = per_step; k != 0 && r < nn; --k) {
-      __builtin_prefetch(rs[r] + off, 0, 2);
+    std::size_t r = row, off = offset, hd = head, base = head_base;
+    for (std::size_t k = per_step; k != 0 && hd < heads; --k) {
+      __builtin_prefetch(rs[r] + base + off, 0, 2);
       off += 64;
       if (off >= rb) {
         off = 0;
-        ++r;
+        if (++r == nn) {
+          r = 0;
+          ++hd;
+          base += head_bytes;
+        }
       }
     }
     row = r;
     offset = off;
+    head = hd;
+    head_base = base;
   }
 };
 

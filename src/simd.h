@@ -104,6 +104,14 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t bytes,
   return bytes > prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
 }
 
+/// Whether every run of `w` has the same bytes between kv heads' rows of a position (so one
+/// head's row pointers, moved by that, give any head's: AttendSpread); O(runs).
+inline bool uniform_head_stride(const window& w) {
+  for (std::size_t r = 1; r < w.run_count; ++r)
+    if (w.runs[r].head_stride != w.runs[0].head_stride) return false;
+  return w.run_count != 0;
+}
+
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
 /// p.prefetch (prefetch_walk_for) and p.side_by_side; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
@@ -112,7 +120,8 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
   const bool fits_l1 =
       side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
-  p.side_by_side = p.q_heads == p.kv_heads &&
+  p.side_by_side = p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
+                   uniform_head_stride(p.values) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= prefetch_min_bytes &&
                      per_thread <= dense_prefetch_max_bytes));

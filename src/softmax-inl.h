@@ -183,16 +183,17 @@ HWY_INLINE void Accumulate2x4(DF d, const float* pa, const float* pb, const bloc
   Fold4(d, acc_b + i, hn::Set(d, rb), b0, b1, b2, b3);
 }
 
+// The one-head tiles read each row from element skip + i on (see ScoreRows' skip).
 template <class Loader>
-HWY_INLINE void Accumulate1x8(DF d, const float* p, const block_rows& b, std::size_t i, float r,
-                              float* acc) {
+HWY_INLINE void Accumulate1x8(DF d, const float* p, const block_rows& b, std::size_t i,
+                              std::size_t skip, float r, float* acc) {
   const std::size_t N = hn::Lanes(d);
   VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
   VF a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
   for (std::size_t j = 0; j < b.n; ++j) {
     const VF w = hn::Set(d, p[j]);
-    Step4<Loader>(d, w, b.v[j], i, a0, a1, a2, a3);
-    Step4<Loader>(d, w, b.v[j], i + 4 * N, a4, a5, a6, a7);
+    Step4<Loader>(d, w, b.v[j], skip + i, a0, a1, a2, a3);
+    Step4<Loader>(d, w, b.v[j], skip + i + 4 * N, a4, a5, a6, a7);
   }
   const VF vr = hn::Set(d, r);
   Fold4(d, acc + i, vr, a0, a1, a2, a3);
@@ -200,10 +201,11 @@ HWY_INLINE void Accumulate1x8(DF d, const float* p, const block_rows& b, std::si
 }
 
 template <class Loader>
-HWY_INLINE void Accumulate1x4(DF d, const float* p, const block_rows& b, std::size_t i, float r,
-                              float* acc) {
+HWY_INLINE void Accumulate1x4(DF d, const float* p, const block_rows& b, std::size_t i,
+                              std::size_t skip, float r, float* acc) {
   VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  for (std::size_t j = 0; j < b.n; ++j) Step4<Loader>(d, hn::Set(d, p[j]), b.v[j], i, a0, a1, a2, a3);
+  for (std::size_t j = 0; j < b.n; ++j)
+    Step4<Loader>(d, hn::Set(d, p[j]), b.v[j], skip + i, a0, a1, a2, a3);
   Fold4(d, acc + i, hn::Set(d, r), a0, a1, a2, a3);
 }
 
@@ -215,24 +217,26 @@ HWY_INLINE VF AccumulateOne(DF d, const float* p, const block_rows& b, At at) {
   return a;
 }
 
-/// One head's slice [i, head_dim) with the widest one-head tiles that fit.
+/// One head's slice [i, head_dim) with the widest one-head tiles that fit; rows read from
+/// element `skip` on (see ScoreRows).
 template <class Loader>
 HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const block_rows& b,
-                               std::size_t i, float r, float* acc, line_feed& feed) {
+                               std::size_t i, float r, float* acc, line_feed& feed,
+                               std::size_t skip = 0) {
   const std::size_t N = hn::Lanes(d);
   for (; i + 8 * N <= head_dim; i += 8 * N) {
-    Accumulate1x8<Loader>(d, p, b, i, r, acc);
+    Accumulate1x8<Loader>(d, p, b, i, skip, r, acc);
     feed.step();
   }
   for (; i + 4 * N <= head_dim; i += 4 * N) {
-    Accumulate1x4<Loader>(d, p, b, i, r, acc);
+    Accumulate1x4<Loader>(d, p, b, i, skip, r, acc);
     feed.step();
   }
   for (; i + N <= head_dim; i += N)
-    Fold(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, vector_at<Loader>{d, i}));
+    Fold(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, vector_at<Loader>{d, skip + i}));
   if (i < head_dim) {
     const std::size_t n = head_dim - i;
-    const VF a = AccumulateOne(d, p, b, tail_at<Loader>{d, i, n});
+    const VF a = AccumulateOne(d, p, b, tail_at<Loader>{d, skip + i, n});
     StorePartial(d, hn::MulAdd(LoadPartial(d, acc + i, n), hn::Set(d, r), a), acc + i, n);
   }
 }
@@ -271,27 +275,28 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
   feed.drain();
 }
 
-/// A block's rows when each chunk head reads a kv head of its own (AttendSpread): chunk head h
-/// reads head[h]; every head has the same count of rows (the block's positions).
+/// A block's rows when each chunk head reads a kv head of its own (AttendSpread): the rows of
+/// the chunk's first kv head; chunk head h reads the same positions' rows h · k_skip (K) and
+/// h · v_skip (V) elements further on, the kv heads' distance in every run (see
+/// uniform_head_stride), so one set of row pointers serves every head.
 struct spread_rows {
-  block_rows head[side_by_side_heads];
+  block_rows first;
+  std::size_t k_skip = 0, v_skip = 0;
 };
 
-/// The block's row count ← n: block_rows' own, or every head's of spread_rows.
+/// The block's row count ← n.
 HWY_INLINE void SetRowCount(block_rows& b, std::size_t n) { b.n = n; }
-HWY_INLINE void SetRowCount(spread_rows& b, std::size_t n) {
-  for (block_rows& h : b.head) h.n = n;
-}
+HWY_INLINE void SetRowCount(spread_rows& b, std::size_t n) { b.first.n = n; }
 
 /// Scores of each chunk head's own rows (ScoreRows, as a one-head chunk computes them).
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                            line_feed& feed) {
   for (std::size_t h = 0; h < c.count; ++h)
-    ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.head[h].k, 0, b.head[h].n, head_dim,
-                      c.scores + h * block_positions, feed);
+    ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.first.k, 0, b.first.n, head_dim,
+                      c.scores + h * block_positions, feed, h * b.k_skip);
   feed.drain();
-  PadScores(c, b.head[0].n);
+  PadScores(c, b.first.n);
 }
 
 /// Folds each chunk head's own V rows into its accumulator (AccumulateRest, as alone).
@@ -299,8 +304,8 @@ template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                                 const state& s, line_feed& feed) {
   for (std::size_t h = 0; h < c.count; ++h)
-    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b.head[h], 0,
-                           c.rescale[h], s.acc + h * head_dim, feed);
+    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b.first, 0, c.rescale[h],
+                           s.acc + h * head_dim, feed, h * b.v_skip);
   feed.drain();
 }
 
@@ -391,6 +396,12 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
 /// - prefetch, rows of 256 bytes, 8–16 MiB a thread: D 64 / W 4096 / kv 8 (16 MiB) 613 / 660
 ///   against 724 / 821, f16 D 128 (16 MiB) 799 / 888 against 831 / 902; on 2 threads (8 MiB
 ///   each) 374 / 457 against 408 / 465; at 12 MiB (D 64 / W 3072) 471 / 531 against 474 / 637;
+/// - one set of row pointers, the first head's, each head reading its rows at its distance
+///   (spread_rows, session 13) instead of a set collected per head — 32 pointers a block of
+///   four heads instead of 128 (the collecting was ~10 % of the step's samples in perf at D 64
+///   / W 256 / kv 8): release binaries alternated, 16 rounds of 5–10 interleaved repetitions,
+///   fastest per round, faster in 13 rounds at D 64 / W 256 / kv 8 and 12 at D 128; fastest
+///   overall 22.6 against 25.2 µs (D 64) and 40.9 against 45.5 (D 128);
 /// - not kept: past 16 MiB (D 64 / W 6144 and 8192 / kv 8 within the noise, D 64 / W 32768 /
 ///   kv 8 9,238 / 9,723 against 8,835 / 9,758, f16 D 128 9,754 / 11,592 against 8,894 / 9,609);
 ///   at 6 MiB a thread on 2 threads (D 64 / W 3072: 328 / 356 against 283 / 318); rows of 512
@@ -400,33 +411,29 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
 template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
-  const std::byte* fed[side_by_side_heads * block_positions];  // the rows a feed walks
+  using T = typename Loader::type;
+  const std::byte* ahead[block_positions];  // the next block's K rows (first head), fed as V is summed
   const bool prefetch = p.prefetch != prefetch_walk::none;
-  const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
+  const std::size_t row_bytes = p.head_dim * sizeof(T);
+  // Bytes between kv heads' rows of a position, the same in every run (uniform_head_stride).
+  const std::size_t k_head = p.keys.runs[0].head_stride, v_head = p.values.runs[0].head_stride;
   const std::size_t hi = std::min(to, WindowEnd(p.keys));
   AttendBlocks<Loader, spread_rows>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, spread_rows& b, line_feed& feed) {
-        std::size_t n = 0;
-        for (std::size_t h = 0; h < c.count; ++h) {
-          n = CollectRows(p.keys, c.kv_head + h, pos, end, b.head[h].k);
-          CollectRows(p.values, c.kv_head + h, pos, end, b.head[h].v);
-        }
-        if (prefetch) {
-          for (std::size_t h = 0; h < c.count; ++h)
-            std::copy(b.head[h].v, b.head[h].v + n, fed + h * n);
-          feed.start(prefetch_walk::spaced, fed, c.count * n, row_bytes,
-                     c.count * ScoreTiles(1, n));
-        }
-        return n;
+        b.k_skip = k_head / sizeof(T);
+        b.v_skip = v_head / sizeof(T);
+        const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.first.v);
+        if (prefetch)
+          feed.start(prefetch_walk::spaced, b.first.v, n, row_bytes, c.count * ScoreTiles(1, n),
+                     c.count, v_head);
+        return CollectRows(p.keys, c.kv_head, pos, end, b.first.k);
       },
       [&](std::size_t next, const spread_rows&, line_feed& feed) {
         if (!prefetch || next >= hi) return;
-        std::size_t m = 0;
-        for (std::size_t h = 0; h < c.count; ++h)
-          m += CollectRows(p.keys, c.kv_head + h, next, BlockEnd(next, hi), fed + m);
-        feed.start(prefetch_walk::spaced, fed, m, row_bytes,
-                   c.count * AccumulateTiles(DF(), 1, p.head_dim));
+        feed.start(prefetch_walk::spaced, ahead,
+                   CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead), row_bytes,
+                   c.count * AccumulateTiles(DF(), 1, p.head_dim), c.count, k_head);
       });
 }
 

@@ -341,13 +341,14 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
   // A capacity-37 ring after several laps against a cache that holds every position in one run:
   // for each of the 37 wrap points and several W (within one block, across blocks, the whole
-  // ring), the outputs are equal bit for bit, on every target. Two geometries: 8 heads over 2
-  // (head pairs) with head_dim 44, and 3 over 1 (a pair and a lone head) with head_dim 75 — so
-  // every tile shape and a partial last vector take part.
+  // ring), the outputs are equal bit for bit, on every target. Three geometries: 8 heads over 2
+  // (head pairs) with head_dim 44, 3 over 1 (a pair and a lone head) with head_dim 75 — so
+  // every tile shape and a partial last vector take part — and 4 over 4 with head_dim 44 (four
+  // kv heads side by side, each read through the first head's row pointers).
   const windowed_attention attention;
   std::size_t wrapped = 0, compared = 0;
-  for (const heads hs : {heads{8, 2}, heads{3, 1}}) {
-    const std::size_t dim = hs.q == 8 ? 44 : 75;
+  for (const heads hs : {heads{8, 2}, heads{3, 1}, heads{4, 4}}) {
+    const std::size_t dim = hs.q == 3 ? 75 : 44;
     ring_fixture flat(hs.kv, dim, 37 * 6);
     flat.append_until(37 * 6);
     ring_fixture ring(hs.kv, dim, 37);
@@ -370,7 +371,7 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
       }
     }
   }
-  BOOST_TEST(wrapped > 200u);  // most windows straddle the ring's end
+  BOOST_TEST(wrapped > 300u);  // most windows straddle the ring's end
   BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
 }
 
@@ -420,6 +421,32 @@ windowed_kv joined(const windowed_kv& first, const windowed_kv& second) {
   return windowed_kv(std::span<const kv_run>(runs.data(), n));
 }
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(runs_whose_kv_heads_lie_at_other_distances_give_the_bits_of_one_run) {
+  // One query head per kv head (6/6: a chunk of four heads side by side, then of two) over a
+  // window whose two runs come from caches of other capacities, so a kv head's rows lie at
+  // another distance from the next head's in each run: the kernel must not read one run's heads
+  // at the other's distance. Against the same positions in one run of a third cache.
+  constexpr std::size_t kv = 6, dim = 40;
+  const windowed_attention attention;
+  ring_fixture a(kv, dim, 50), b(kv, dim, 70), flat(kv, dim, 200);
+  a.append_until(120);  // holds 70 … 119, wrapped at 100
+  b.append_until(140);  // holds 70 … 139
+  flat.append_until(140);
+  const auto query = make_query(kv, dim, 17);
+  std::vector<float> split(kv * dim), one(kv * dim);
+  for (std::size_t cut : {100, 101, 104, 112}) {
+    const windowed_kv k = joined(a.keys(72, cut), b.keys(cut, 140));
+    const windowed_kv v = joined(a.values(72, cut), b.values(cut, 140));
+    BOOST_REQUIRE(k.runs().size() >= 2u);
+    BOOST_REQUIRE(k.runs()[0].head_stride() != k.runs().back().head_stride());
+    for_each_target([&](const char* target) {
+      attention.decode_step(query, k, v, split);
+      attention.decode_step(query, flat.keys(72, 140), flat.values(72, 140), one);
+      BOOST_TEST(same_bits(split, one), target << " cut " << cut);
+    });
+  }
+}
 
 BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_identical_bits) {
   // M2-A4 with ringkv.store: default_kv_cache_store as a capacity-37 ring (without and with 3
