@@ -184,8 +184,8 @@ struct line_feed {
   std::size_t per_step = 0;  // lines a step() asks for; 0 until started
   bool dense = false;
   // Spaced walk: the caller's row pointers (alive until the feed is drained), for each of
-  // `heads` kv heads head_bytes apart; the next line is `offset` into row `row` of head `head`,
-  // whose rows lie head_base bytes past the pointers.
+  // `heads` kv heads head_bytes apart; the next line is `offset` bytes past pointer `row`, in
+  // the rows of head `head`, which lie head_base bytes past the pointers.
   const std::byte* const* rows = nullptr;
   std::size_t n = 0, row_bytes = 0, row = 0, offset = 0;
   std::size_t heads = 0, head_bytes = 0, head = 0, head_base = 0;
@@ -275,18 +275,20 @@ struct line_feed {
 
   HWY_INLINE void StepSpaced() {
     const std::byte* const* rs = rows;
-    const std::size_t nn = n, rb = row_bytes;
-    std::size_t r = row, off = offset, hd = head, base = head_base;
-    for (std::size_t k = per_step; k != 0 && hd < heads; --k) {
-      __builtin_prefetch(rs[r] + base + off, 0, 2);
+    const std::size_t nn = n;
+    // off counts from the pointers (head_base past them for head `head`), so a line costs what
+    // it did with one head: a prefetch, an add and a compare.
+    std::size_t r = row, off = offset, hd = head, base = head_base, lim = base + row_bytes;
+    for (std::size_t k = per_step; k != 0 && r < nn; --k) {
+      __builtin_prefetch(rs[r] + off, 0, 2);
       off += 64;
-      if (off >= rb) {
-        off = 0;
-        if (++r == nn) {
+      if (off >= lim) {
+        if (++r == nn && ++hd < heads) {
           r = 0;
-          ++hd;
           base += head_bytes;
+          lim = base + row_bytes;
         }
+        off = base;
       }
     }
     row = r;
