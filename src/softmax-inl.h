@@ -412,7 +412,8 @@ template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
   using T = typename Loader::type;
-  const std::byte* ahead[block_positions];  // the next block's K rows (first head), fed as V is summed
+  // The next block's K rows (the first head's), fed while V rows are summed.
+  const std::byte* ahead[block_positions];
   const bool prefetch = p.prefetch != prefetch_walk::none;
   const std::size_t row_bytes = p.head_dim * sizeof(T);
   // Bytes between kv heads' rows of a position, the same in every run (uniform_head_stride).
