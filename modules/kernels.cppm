@@ -52,6 +52,14 @@ float check_decode(std::string_view caller, std::span<const float> query, const 
                    const windowed_kv& values, std::span<const float> out, float scale,
                    std::span<const float> sinks);
 
+/// The scale to use after checking it is finite and >= 0 (0 → 1/sqrt(head_dim)); throws
+/// std::invalid_argument, message starting with `caller`, otherwise. O(1).
+float check_scale(std::string_view caller, float scale, std::size_t head_dim);
+
+/// Checks sinks is empty or [q_heads] logits none of which is NaN; throws std::invalid_argument,
+/// message starting with `caller`, otherwise. O(q_heads).
+void check_sinks(std::string_view caller, std::span<const float> sinks, std::size_t q_heads);
+
 /// The query/out/sinks/scale part of check_decode, for a window of kv_heads × head_dim rows of
 /// any encoding (compressed windows use it too); returns the resolved scale. O(q_heads).
 float check_step(std::string_view caller, std::span<const float> query, std::size_t kv_heads,

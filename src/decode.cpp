@@ -14,7 +14,9 @@ namespace {
 
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o) {
   const std::size_t window = check_store(store, layer, o.window, "ringkv::decode");
-  if (o.scale < 0.0f || o.scale != o.scale) refuse("scale must be >= 0 (0: 1/sqrt(head_dim))");
+  // Every check decode_step makes of the options, here: a step refusing after its token was
+  // appended would leave the store one token longer with no row out.
+  kernels::check_scale("ringkv::decode", o.scale, store.config().head_dim);
   return window;
 }
 
@@ -32,9 +34,7 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
   require_finite("decode", "token q", t.q);
   require_finite("decode", "token k", t.k);
   require_finite("decode", "token v", t.v);
-  if (!o.sinks.empty() && o.sinks.size() != q / c.head_dim)
-    refuse("sinks has " + std::to_string(o.sinks.size()) + " logits, expected one per query head (" +
-           std::to_string(q / c.head_dim) + ")");
+  kernels::check_sinks("ringkv::decode", o.sinks, q / c.head_dim);
 }
 
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,

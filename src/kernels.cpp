@@ -99,21 +99,6 @@ std::size_t check_query(std::string_view caller, std::span<const float> query,
   return q_heads;
 }
 
-float check_scale(std::string_view caller, float scale, std::size_t head_dim) {
-  if (!std::isfinite(scale) || scale < 0.0f)
-    refuse(caller, "scale " + std::to_string(scale) +
-                       " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
-  return scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : scale;
-}
-
-void check_sinks(std::string_view caller, std::span<const float> sinks, std::size_t q_heads) {
-  if (!sinks.empty() && sinks.size() != q_heads)
-    refuse(caller, "sinks has " + str(sinks.size()) + " values; expected none or q_heads = " +
-                       str(q_heads));
-  for (std::size_t i = 0; i < sinks.size(); ++i)
-    if (std::isnan(sinks[i])) refuse(caller, "sinks[" + str(i) + "] is NaN");
-}
-
 /// head_dim of a state after checking that its spans agree (0 for a state of no heads).
 std::size_t check_state(std::string_view caller, std::string_view name, const softmax_state& s) {
   const std::size_t heads = s.max.size();
@@ -163,6 +148,21 @@ simd::problem problem_of(std::span<const float> query, const windowed_kv& keys,
 simd::state state_of(const softmax_state& s) { return {s.max.data(), s.sum.data(), s.acc.data()}; }
 
 }  // namespace
+
+float check_scale(std::string_view caller, float scale, std::size_t head_dim) {
+  if (!std::isfinite(scale) || scale < 0.0f)
+    refuse(caller, "scale " + std::to_string(scale) +
+                       " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
+  return scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : scale;
+}
+
+void check_sinks(std::string_view caller, std::span<const float> sinks, std::size_t q_heads) {
+  if (!sinks.empty() && sinks.size() != q_heads)
+    refuse(caller, "sinks has " + str(sinks.size()) + " values; expected none or q_heads = " +
+                       str(q_heads));
+  for (std::size_t i = 0; i < sinks.size(); ++i)
+    if (std::isnan(sinks[i])) refuse(caller, "sinks[" + str(i) + "] is NaN");
+}
 
 std::string_view target_name() { return simd::target_name(); }
 

@@ -4,6 +4,7 @@
 #include <coroutine>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <ranges>
 #include <span>
@@ -171,11 +172,48 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused_at_the_call) {
                           return std::string(e.what()).find("capacity - slack = 4") !=
                                  std::string::npos;
                         });
-  BOOST_CHECK_THROW(ringkv::decode(store, 1, data.tokens), std::out_of_range);
+  BOOST_CHECK_EXCEPTION(ringkv::decode(store, 1, data.tokens), std::out_of_range,
+                        [](const std::out_of_range& e) {
+                          return std::string(e.what()).find("layer 1 >= layers 1") !=
+                                 std::string::npos;
+                        });
   std::vector<float> sinks(3);
   auto stream = ringkv::decode(store, 0, data.tokens, {.sinks = sinks});
-  BOOST_CHECK_THROW(stream.begin(), std::invalid_argument);  // 1 query head, 3 sink logits
+  // The count of sink logits needs the query's width: checked at the first token, before it is
+  // appended.
+  BOOST_CHECK_EXCEPTION(stream.begin(), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).find("sinks has 3 values; expected none or q_heads = 1") !=
+           std::string::npos;
+  });
   BOOST_TEST(store.length(0) == 0u);
+}
+
+// Every refusal decode_step could make of the options is made before a token is appended: the
+// stream refusing after the append would leave the layer one token longer and no row out.
+BOOST_AUTO_TEST_CASE(a_stream_refuses_what_its_step_would_refuse_before_appending_anything) {
+  token_data data(4, 2, 1, 4, 21);
+  auto store = ring(1, 4, 4);
+  for (const float scale : {std::numeric_limits<float>::infinity(), -1.0f,
+                            std::numeric_limits<float>::quiet_NaN()})
+    BOOST_CHECK_EXCEPTION(ringkv::decode(store, 0, data.tokens, {.scale = scale}),
+                          std::invalid_argument, [](const std::invalid_argument& e) {
+                            return std::string(e.what()).find(
+                                       "must be finite and >= 0 (0 means 1/sqrt(head_dim))") !=
+                                   std::string::npos;
+                          });
+  auto stream = ringkv::decode(store, 0, data.tokens);
+  auto it = stream.begin();
+  (void)*++it;  // two tokens held
+  const auto keys_before = read_all_keys(store, 0);
+  const std::vector<float> sinks{0.5f, std::numeric_limits<float>::quiet_NaN()};
+  auto refused = ringkv::decode(store, 0, data.tokens, {.sinks = sinks});
+  BOOST_CHECK_EXCEPTION(refused.begin(), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("sinks[1] is NaN") !=
+                                 std::string::npos;
+                        });
+  BOOST_TEST(store.length(0) == 2u);
+  BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(a_thousand_tokens_on_a_wrapped_ring_allocate_nothing_after_the_first) {
