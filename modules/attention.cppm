@@ -158,6 +158,13 @@ std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noe
 std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t layer,
                                              std::span<const float> k, std::span<const float> v,
                                              std::size_t window, scope& arena);
+/// Bytes of arena one token's copied windows of `window` positions take at most: the K and V
+/// copies of a store whose windows copy (two runs each) and their gathered copies; O(1).
+std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noexcept;
+/// When `arena` holds a token's copied windows and could not hold them at the full `window`:
+/// resets it to window_copy_bytes, so the copies of a window still filling up do not grow it
+/// token after token. At most one traced allocation; O(1).
+void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t window);
 
 }  // namespace ringkv::detail
 

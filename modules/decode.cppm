@@ -33,7 +33,8 @@ namespace detail {
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o);
 /// Checks one token against the store's geometry before anything is appended.
 void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o);
-/// Appends one token and attends it; `out` is the output row. No allocation on the default store.
+/// Appends one token and attends it; `out` is the output row. Allocates only when the arena must
+/// first hold the window's copies (hold_window_copies).
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
                 const decode_options& o, std::size_t window, const windowed_attention& attention,
                 scope& arena, std::span<float> out);
@@ -67,7 +68,8 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
 /// Streams `tokens` (any input range of token_qkv) through `layer` of `store`: each pulled row
 /// appends k, v at the next position (overwriting the oldest of a full ring), attends q over its
 /// window and yields the output row, valid until the next increment. O(window * heads * head_dim)
-/// per token; no heap allocation per token after the first on the default store. An lvalue range
+/// per token; no heap allocation per token after the first (a store whose windows are copies, or
+/// .gather, sizes the stream's arena for the full window at the first token). An lvalue range
 /// is referenced, an rvalue one moved into the stream. Options are checked here, at the call
 /// (also that the store's key_type and value_type agree: f32, f16 or bf16, one dtype for both).
 template <class Tokens>

@@ -159,8 +159,10 @@ class scope {
   tensor_view allocate_view(dtype type, std::size_t heads, std::size_t positions,
                             std::size_t head_dim);
   /// Frees everything at once and emits scope_reset{live_before, 0}; O(1) unless it consolidates
-  /// grown slabs into one (traced).
-  void reset();
+  /// grown slabs into one or `at_least` exceeds the slab (then one traced allocation: a slab of
+  /// the high-water mark or `at_least` bytes, whichever is more — for work that will grow to a
+  /// size known in advance).
+  void reset(std::size_t at_least = 0);
 
   /// Bytes handed out since the last reset (with alignment padding).
   std::size_t live() const noexcept { return live_; }

@@ -139,4 +139,16 @@ std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t 
           store.value_window(layer, from, p + 1, arena)};
 }
 
+std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noexcept {
+  // Per side: up to two runs of f32 rows, each padded to the alignment; gathering copies the
+  // side once more (one run, rows of at most 4 bytes an element).
+  const std::size_t side = c.kv_heads * window * c.head_dim * sizeof(float);
+  return 2 * (2 * side + 3 * storage::alignment);
+}
+
+void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t window) {
+  const std::size_t full = window_copy_bytes(c, window);
+  if (arena.live() > 0 && arena.capacity() < full) arena.reset(full);
+}
+
 }  // namespace ringkv::detail

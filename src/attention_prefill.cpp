@@ -147,7 +147,9 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
   const std::size_t read = queries.size_bytes() + keys.size_bytes() + values.size_bytes();
   detail::traced(*sink_, "attention.prefill", read, out.size_bytes(), [&] {
     if (fast == nullptr) {
-      // A store whose rows may change on the way in (compressed) or out: the decode loop itself.
+      // A store whose rows may change on the way in (compressed) or out: the decode loop itself,
+      // its arena sized at once for the copies of the full window, not grown as it fills.
+      if (!options.arena) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
       for (std::size_t i = 0; i < s.tokens; ++i) {
         const auto [k, v] = detail::append_and_window(store, layer,
                                                       keys.subspan(i * s.kv_row, s.kv_row),
@@ -155,6 +157,7 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
                                                       s.window, arena());
         kernels::decode(queries.subspan(i * s.q_row, s.q_row), k, v,
                         out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
+        detail::hold_window_copies(arena(), c, s.window);
       }
       return;
     }

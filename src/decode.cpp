@@ -45,6 +45,7 @@ void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
     attention.decode_step_gathered(t.q, keys, values, out, arena, o.scale, o.sinks);
   else
     attention.decode_step(t.q, keys, values, out, o.scale, o.sinks);
+  hold_window_copies(arena, store.config(), window);
 }
 
 }  // namespace ringkv::detail

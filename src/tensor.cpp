@@ -167,13 +167,17 @@ tensor_view scope::allocate_view(dtype type, std::size_t heads, std::size_t posi
   return tensor_view::contiguous(bytes.data(), type, heads, positions, head_dim);
 }
 
-void scope::reset() {
+void scope::reset(std::size_t at_least) {
   const std::size_t before = live_;
-  if (!slabs_[1].empty()) {
+  const bool grown = !slabs_[1].empty();
+  if (grown || slabs_[0].bytes() < at_least) {
     // Grown: replace all slabs by one that holds the high-water mark, so the next round of the
-    // same work fits without growing.
+    // same work fits without growing. Allocated before the old slabs go: if it throws, the scope
+    // is as it was.
+    storage slab(round_up(std::max(grown ? high_water_ : 0, at_least), storage::alignment),
+                 "scope-slab", *sink_);
     for (auto& s : slabs_) s = storage();
-    slabs_[0] = storage(round_up(high_water_, storage::alignment), "scope-slab", *sink_);
+    slabs_[0] = std::move(slab);
   }
   current_ = 0;
   offset_ = 0;

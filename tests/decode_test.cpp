@@ -216,21 +216,50 @@ BOOST_AUTO_TEST_CASE(a_stream_refuses_what_its_step_would_refuse_before_appendin
   BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
 }
 
+/// Pulls the stream's first row (which may allocate: the output row, the arena), then the rest,
+/// checking those allocate nothing — no call of operator new, no allocation in rec (the sink
+/// wired into the store and the stream); returns how many rows came after the first.
+template <class Stream>
+std::size_t rows_after_the_first_allocate_nothing(Stream& stream, const trace::recorder& rec) {
+  auto it = stream.begin();
+  const auto allocation_events = ranges::distance(rec.of<trace::allocation>());
+  ringkv_test::new_counter counter;
+  std::size_t rows = 0;
+  for (++it; it != std::default_sentinel; ++it) ++rows;
+  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == allocation_events);
+  return rows;
+}
+
 BOOST_AUTO_TEST_CASE(a_thousand_tokens_on_a_wrapped_ring_allocate_nothing_after_the_first) {
   token_data data(1001, 8, 2, 32, 18);
   trace::recorder rec(4096);
   auto store = ring(2, 32, 64, rec);
   auto stream = ringkv::decode(store, 0, data.tokens, {}, rec);
-  auto it = stream.begin();  // the first step may allocate (the output row, the arena)
-  const auto allocation_events = ranges::distance(rec.of<trace::allocation>());
-  ringkv_test::new_counter counter;
-  std::size_t steps = 0;
-  for (++it; it != std::default_sentinel; ++it) ++steps;
-  BOOST_TEST(steps == 1000u);
-  BOOST_TEST(counter.calls() == 0u);
-  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == allocation_events);
+  BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 1000u);
   BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
   BOOST_TEST(store.window_start(0) == 1001u - 64u);
+}
+
+// A store whose windows are copies (compressed: dequantized into the stream's arena) and the
+// gather option copy a window that grows token by token until the ring is full: the arena takes
+// the full window's size once, at the first token, not a larger slab at every token.
+BOOST_AUTO_TEST_CASE(a_stream_whose_windows_copy_allocates_nothing_after_the_first_token) {
+  token_data data(100, 4, 2, 16, 22);
+  const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = 16, .capacity = 40};
+  for (const bool gather : {false, true}) {
+    BOOST_TEST_CONTEXT("gather " << gather) {
+      trace::recorder rec(4096);
+      ringkv::int8_kv_cache_store compressed(c, {.sliding_window = true}, rec);
+      auto plain = ring(2, 16, 40, rec);
+      ringkv::kv_cache_store& store = gather ? static_cast<ringkv::kv_cache_store&>(plain)
+                                             : compressed;
+      auto stream = ringkv::decode(store, 0, data.tokens, {.gather = gather}, rec);
+      BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 99u);
+      BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 100);
+      BOOST_TEST(store.window_start(0) == 100u - 40u);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(the_gather_option_copies_each_window_and_says_so_in_the_trace) {

@@ -295,6 +295,27 @@ BOOST_AUTO_TEST_CASE(a_compressed_store_gets_the_token_by_token_loop) {
   BOOST_TEST(b.length(0) == 30u);
 }
 
+// The token-by-token loop copies each token's window (dequantized) into the prefill's own arena;
+// while the ring fills, that window grows by a row a token: the arena takes the full window's
+// size once instead of a larger slab at every token.
+BOOST_AUTO_TEST_CASE(a_compressed_prefill_sizes_its_arena_once_not_at_every_token) {
+  const prompt p(100, 2, 23);
+  const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 40};
+  trace::recorder rec(4096);
+  ringkv::int8_kv_cache_store store(c, {.sliding_window = true}, rec);
+  const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
+  std::vector<float> out(100 * p.q_row);
+  attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100), out);
+  // One slab, for the K and V copies of the full window (40 positions × 2 kv heads × head_dim
+  // f32), made before the first token.
+  std::vector<std::size_t> slabs;
+  for (const auto& a : rec.of<trace::allocation>())
+    if (a.site == "scope-slab") slabs.push_back(a.bytes);
+  BOOST_TEST_REQUIRE(slabs.size() == 1u);
+  BOOST_TEST(slabs[0] >= 2 * 2 * 40 * head_dim * sizeof(float));
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 100);
+}
+
 BOOST_AUTO_TEST_CASE(a_prefill_after_the_first_allocates_nothing) {
   trace::recorder rec(256);
   auto store = ring(2, 64, 2, ringkv::dtype::f32, rec);

@@ -169,6 +169,31 @@ BOOST_AUTO_TEST_CASE(growing_past_the_slab_is_traced_and_the_next_round_fits_in_
   BOOST_TEST(s.capacity() == 1280u);
 }
 
+BOOST_AUTO_TEST_CASE(a_scope_reset_to_a_size_known_in_advance_takes_it_in_one_traced_slab) {
+  trace::recorder r(32);
+  ringkv::scope s(256, r);
+  s.allocate_bytes(100);
+  s.allocate_bytes(500);  // a second slab
+  r.clear();
+  s.reset(4000);  // one slab for 4,000 bytes, not one for the high-water mark (640) first
+  BOOST_TEST(bytes_of_allocations(r) == (std::vector<std::size_t>{4032}),
+             boost::test_tools::per_element());
+  BOOST_TEST(ranges::distance(r.of<trace::release>()) == 2);  // the 256- and 512-byte slabs
+  BOOST_TEST(s.capacity() == 4032u);
+  r.clear();
+  for (int i = 0; i < 3; ++i) s.allocate_bytes(1000);  // 1024 each with the alignment
+  s.allocate_bytes(960);                                // the slab's last 960 bytes
+  s.reset(4032);  // already held: nothing
+  s.reset(10);
+  BOOST_TEST(ranges::distance(r.of<trace::allocation>()) == 0);
+  BOOST_TEST(s.capacity() == 4032u);
+  s.allocate_bytes(5000);  // grown past it
+  r.clear();
+  s.reset(100);  // the high-water mark (5056) wins over a smaller request
+  BOOST_TEST(bytes_of_allocations(r) == (std::vector<std::size_t>{5056}),
+             boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(zero_sized_scope_requests_are_refused) {
   BOOST_CHECK_THROW(ringkv::scope(0), std::invalid_argument);
   ringkv::scope s(64);
