@@ -77,7 +77,8 @@ class windowed_attention {
   /// and sees the window p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S
   /// newest), never a position below 0 or above p: the part still in the store as its zero-copy
   /// runs, then chunk rows — nothing is reordered or copied for f32 (an f16/bf16 store's chunk
-  /// rows are rounded once into the arena, as append would store them). Every output is computed
+  /// rows are rounded once into the arena, as append would store them: two adapter_inserted
+  /// {"round-chunk-rows"}, "keys" and "values", priced in bytes). Every output is computed
   /// before the chunk is appended, so a ring of capacity W takes a chunk of any length. The result
   /// is bit for bit that of C calls of append + decode_step, however a prompt is cut into chunks.
   /// A store other than default_kv_cache_store gets exactly that token-by-token loop. Checks

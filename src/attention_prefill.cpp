@@ -73,15 +73,19 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
 }
 
 /// The chunk's rows as the store holds them: the caller's f32 rows in place, or rounded once
-/// to the store's f16/bf16 in `arena`. [kv_heads, tokens, head_dim], positions from `first`.
+/// to the store's f16/bf16 in `arena` (a copy on the kernels' path: adapter_inserted
+/// {"round-chunk-rows", target, bytes} to `sink`). [kv_heads, tokens, head_dim], positions from
+/// `first`.
 template <class Arena>
 tensor_view chunk_view(std::span<const float> rows, dtype type, const kv_cache_config& c,
-                       std::size_t tokens, Arena&& arena) {
+                       std::size_t tokens, Arena&& arena, trace::sink& sink,
+                       std::string_view target) {
   if (type == dtype::f32)  // read only: the kernels never write through a window
     return tensor_view(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(rows.data())),
                        dtype::f32, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
   const tensor_view v = arena().allocate_view(type, tokens, c.kv_heads, c.head_dim);
   detail::f32_to_halves(v.data(), rows.data(), rows.size(), type == dtype::f16);
+  if (sink.enabled()) sink.emit(trace::adapter_inserted{"round-chunk-rows", target, v.bytes()});
   // allocate_view lays rows out [tokens][kv_heads][head_dim]: read it as [kv_heads][tokens].
   return tensor_view(v.data(), type, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
 }
@@ -162,8 +166,9 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
       return;
     }
     const auto [held_k, held_v] = held_windows(*fast, layer, s.window);
-    const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena);
-    const tensor_view chunk_v = chunk_view(values, c.value_type, c, s.tokens, arena);
+    const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena, *sink_, "keys");
+    const tensor_view chunk_v =
+        chunk_view(values, c.value_type, c, s.tokens, arena, *sink_, "values");
     // Queries are independent (each its own decode, stack scratch): a pool takes contiguous
     // ranges of them, several per thread since later queries of a fresh ring see more keys.
     const std::size_t tasks = pool_ ? std::min(s.tokens, 4 * pool_->size()) : 1;

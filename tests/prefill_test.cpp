@@ -429,12 +429,23 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_prefill_equals_decode_and_stores_the_rows_roun
       BOOST_TEST_INFO(ringkv::name_of(type) << " keep " << keep);
       BOOST_TEST(same_bits(got, want));
       BOOST_TEST(same_store(a, b));
-      // A second call with the arena reset allocates nothing.
+      // A second call with the arena reset allocates nothing, and says what it copies: the
+      // chunk's K and V rows rounded to the store's type (10 tokens × 2 kv heads × head_dim).
       arena.reset();
       std::vector<float> out(10 * p.q_row);
+      trace::recorder rec(64);
+      const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
       const ringkv_test::new_counter counter;
-      ringkv::windowed_attention().prefill(b, 0, p.qs(0, 10), p.ks(0, 10), p.vs(0, 10), out,
-                                           {.arena = &arena});
+      attention.prefill(b, 0, p.qs(0, 10), p.ks(0, 10), p.vs(0, 10), out, {.arena = &arena});
       BOOST_TEST(counter.calls() == 0u);
+      BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+      std::vector<std::string> copies;
+      for (const auto& a : rec.of<trace::adapter_inserted>()) {
+        BOOST_TEST(a.kind == "round-chunk-rows");
+        BOOST_TEST(a.bytes == 10 * 2 * head_dim * 2);
+        copies.emplace_back(a.target);
+      }
+      BOOST_TEST(copies == (std::vector<std::string>{"keys", "values"}),
+                 boost::test_tools::per_element());
     }
 }
