@@ -7,7 +7,6 @@ module;
 #include <span>
 #include <type_traits>
 #include <utility>
-#include <vector>
 export module ringkv.decode;
 export import ringkv.generator;
 export import ringkv.store;
@@ -49,13 +48,15 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
                                                 Source tokens, decode_options opts,
                                                 std::size_t window, trace::sink& sink) {
   windowed_attention attention(attention_options{&sink, opts.pool});
-  scope arena(64, sink);    // grows only for stores whose windows copy (or with .gather)
-  std::vector<float> out;   // [q_heads * head_dim], sized by the first token
+  scope arena(64, sink);  // grows only for stores whose windows copy (or with .gather)
+  storage row;            // [q_heads * head_dim] the output row, sized by the first token
+  std::span<float> out;
   for (auto&& item : unwrap(tokens)) {
     const token_qkv& t = item;
     check_token(store, t, opts);
     if (out.size() != t.q.size()) {
-      out.assign(t.q.size(), 0.0f);
+      row = storage(t.q.size_bytes(), "decode-row", sink);
+      out = {reinterpret_cast<float*>(row.data()), t.q.size()};
       const std::size_t dim = store.config().head_dim;
       attention.reserve(t.q.size() / dim, dim, window);  // with a pool: its scratch, once
     }

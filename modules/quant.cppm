@@ -238,7 +238,7 @@ class turboquant_kv_cache_store final : public compressed_kv_cache_store {
   const codebook* key_book_;
   const codebook* value_book_;
   std::vector<layer_state> layers_;
-  std::vector<float> scratch_;  // append's working rows (3 · head_dim)
+  storage scratch_;  // [3, head_dim] floats: append's working rows
 };
 
 /// An int8 store: per layer and side int8 codes [kv_heads][capacity][head_dim] and one f32 scale

@@ -46,7 +46,7 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
       quant_(checked(options)),
       key_book_(&lloyd_max_codebook(config.head_dim, options.key_bits - (options.qjl ? 1 : 0))),
       value_book_(&lloyd_max_codebook(config.head_dim, options.value_bits)),
-      scratch_(3 * config.head_dim) {
+      scratch_(3 * config.head_dim * sizeof(float), "turboquant-append-scratch", sink) {
   const kv_cache_config& c = this->config();
   const std::size_t rows = c.kv_heads * c.capacity, d = c.head_dim;
   layers_.reserve(c.layers);
@@ -101,8 +101,9 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
   const compressed_format f = format(side, layer);
   side_buffers& b = keys ? layers_[layer].keys : layers_[layer].values;
   const std::size_t d = f.head_dim, capacity = config().capacity;
-  const std::span<float> u = std::span(scratch_).first(d), y = std::span(scratch_).subspan(d, d),
-                         back = std::span(scratch_).subspan(2 * d, d);
+  const std::span<float> scratch(reinterpret_cast<float*>(scratch_.data()), 3 * d);
+  const std::span<float> u = scratch.first(d), y = scratch.subspan(d, d),
+                         back = scratch.subspan(2 * d, d);
   for (std::size_t h = 0; h < f.heads; ++h) {
     const std::span<const float> x = row.subspan(h * d, d);
     double sum = 0;

@@ -237,6 +237,11 @@ BOOST_AUTO_TEST_CASE(a_thousand_tokens_on_a_wrapped_ring_allocate_nothing_after_
   auto store = ring(2, 32, 64, rec);
   auto stream = ringkv::decode(store, 0, data.tokens, {}, rec);
   BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 1000u);
+  // What the first row took is in the trace too: the output row [8 q heads × 32] among it.
+  std::size_t row_bytes = 0;
+  for (const auto& a : rec.of<trace::allocation>())
+    if (a.site == "decode-row") row_bytes += a.bytes;
+  BOOST_TEST(row_bytes == 8u * 32u * sizeof(float));
   BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
   BOOST_TEST(store.window_start(0) == 1001u - 64u);
 }
