@@ -1,10 +1,11 @@
-// ringkv.snapshot — a store saved to bytes and loaded back exactly: a versioned little-endian
-// format (magic, version, store kind, config, options, kind parameters, per-layer lengths and
-// window starts, the held slots' raw elements, an xxHash XXH3-64 checksum over everything),
-// files replaced atomically (temp file in the same folder, fsync, rename), and loads that refuse
-// anything wrong with the byte offset where it is, never returning a half-built store.
-// Its own module (re-exported by `ringkv`) because it names every store kind, the compressed
-// ones included, which ringkv.store cannot import.
+// ringkv.snapshot — the machinery behind ringkv.store's save and load: a versioned
+// little-endian format (magic, version, store kind, config, options, kind parameters, per-layer
+// lengths and window starts, the held slots' raw elements, an xxHash XXH3-64 checksum over
+// everything), and loads that refuse anything wrong with the byte offset where it is, never
+// returning a half-built store. Its own module because it names every store kind, the
+// compressed ones included, which ringkv.store cannot import; ringkv.store declares save, load
+// and replace_file (DESIGN's table has them there) and defines them over this module's
+// save_snapshot and load_snapshot (src/snapshot_file.cpp, a ringkv.store unit that imports it).
 module;
 #include <cstddef>
 #include <cstdint>
@@ -21,56 +22,15 @@ export module ringkv.snapshot;
 export import ringkv.store;
 export import ringkv.quant;
 
-export namespace ringkv {
+export namespace ringkv::detail {
 
-/// A snapshot that cannot be loaded: what is wrong and the byte offset of the field (or of the
-/// end of the data, for a truncated file) where it was found. Nothing was built.
-class snapshot_error : public std::runtime_error {
- public:
-  snapshot_error(const std::string& what, std::uint64_t offset)
-      : std::runtime_error(what), offset_(offset) {}
-  /// Byte offset in the snapshot of the problem.
-  std::uint64_t offset() const noexcept { return offset_; }
+/// save(store, out)'s work: the format above; O(held rows).
+void save_snapshot(const kv_cache_store& store, std::ostream& out);
+/// load(in, sink, max_store_bytes)'s work; O(snapshot).
+std::unique_ptr<kv_cache_store> load_snapshot(std::istream& in, trace::sink& sink,
+                                              std::size_t max_store_bytes);
 
- private:
-  std::uint64_t offset_;
-};
-
-/// The format version this library writes; it loads versions 1 .. snapshot_version.
-inline constexpr std::uint32_t snapshot_version = 1;
-
-/// Store kinds a snapshot can hold (the header's store-kind field).
-enum class snapshot_kind : std::uint32_t { default_store = 1, turboquant = 2, int8 = 3 };
-
-/// Writes `store` to `out` (the format above; only held positions); O(held rows). Throws
-/// std::invalid_argument for a store type without a snapshot format, std::ios_base::failure
-/// (or what `out` throws) when writing fails.
-void save(const kv_cache_store& store, std::ostream& out);
-/// Writes `store` to `path` through replace_file: a failure or a crash midway leaves the
-/// previous file intact; O(held rows) plus an fsync.
-void save(const kv_cache_store& store, const std::filesystem::path& path);
-
-/// Reads a snapshot from `in` and builds the store it describes, its events going to `sink`;
-/// O(file). Throws snapshot_error (with offset()) for wrong magic, a newer version, a truncated
-/// stream, a checksum mismatch, config or options out of range, lengths inconsistent with the
-/// capacity, or a store that would take more than `max_store_bytes` of buffers.
-std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
-/// As load(std::istream&), from a file (std::system_error when it cannot be opened).
-std::unique_ptr<kv_cache_store> load(const std::filesystem::path& path,
-                                     trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
-
-/// Replaces `path` atomically: `write` fills a new temporary file in the same folder, which is
-/// then flushed, fsync'ed and renamed over `path` (and the folder fsync'ed). If `write` throws or
-/// any step fails, the temporary file is removed, `path` is left as it was, and the exception
-/// propagates (std::system_error for the file system's refusals). O(bytes written).
-void replace_file(const std::filesystem::path& path,
-                  const std::function<void(std::ostream&)>& write);
-
-}  // namespace ringkv
+}  // namespace ringkv::detail
 
 namespace ringkv::detail {
 

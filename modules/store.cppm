@@ -4,6 +4,12 @@
 module;
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <limits>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -295,5 +301,58 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
 
   std::vector<layer_buffers> layers_;
 };
+
+}  // namespace ringkv
+
+export namespace ringkv {
+
+// Snapshots (the format and its loader: ringkv.snapshot, src/snapshot*.cpp).
+
+/// A snapshot that cannot be loaded: what is wrong and the byte offset of the field (or of the
+/// end of the data, for a truncated file) where it was found. Nothing was built.
+class snapshot_error : public std::runtime_error {
+ public:
+  snapshot_error(const std::string& what, std::uint64_t offset)
+      : std::runtime_error(what), offset_(offset) {}
+  /// Byte offset in the snapshot of the problem.
+  std::uint64_t offset() const noexcept { return offset_; }
+
+ private:
+  std::uint64_t offset_;
+};
+
+/// The format version this library writes; it loads versions 1 .. snapshot_version.
+inline constexpr std::uint32_t snapshot_version = 1;
+
+/// Store kinds a snapshot can hold (the header's store-kind field).
+enum class snapshot_kind : std::uint32_t { default_store = 1, turboquant = 2, int8 = 3 };
+
+/// Writes `store` to `out` (the format above; only held positions); O(held rows). Throws
+/// std::invalid_argument for a store type without a snapshot format, std::ios_base::failure
+/// (or what `out` throws) when writing fails.
+void save(const kv_cache_store& store, std::ostream& out);
+/// Writes `store` to `path` through replace_file: a failure or a crash midway leaves the
+/// previous file intact; O(held rows) plus an fsync.
+void save(const kv_cache_store& store, const std::filesystem::path& path);
+
+/// Reads a snapshot from `in` and builds the store it describes, its events going to `sink`;
+/// O(file). Throws snapshot_error (with offset()) for wrong magic, a newer version, a truncated
+/// stream, a checksum mismatch, config or options out of range, lengths inconsistent with the
+/// capacity, or a store that would take more than `max_store_bytes` of buffers.
+std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink = trace::null_sink(),
+                                     std::size_t max_store_bytes =
+                                         std::numeric_limits<std::size_t>::max());
+/// As load(std::istream&), from a file (std::system_error when it cannot be opened).
+std::unique_ptr<kv_cache_store> load(const std::filesystem::path& path,
+                                     trace::sink& sink = trace::null_sink(),
+                                     std::size_t max_store_bytes =
+                                         std::numeric_limits<std::size_t>::max());
+
+/// Replaces `path` atomically: `write` fills a new temporary file in the same folder, which is
+/// then flushed, fsync'ed and renamed over `path` (and the folder fsync'ed). If `write` throws or
+/// any step fails, the temporary file is removed, `path` is left as it was, and the exception
+/// propagates (std::system_error for the file system's refusals). O(bytes written).
+void replace_file(const std::filesystem::path& path,
+                  const std::function<void(std::ostream&)>& write);
 
 }  // namespace ringkv

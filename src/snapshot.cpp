@@ -290,9 +290,7 @@ layer_counters read_counters(const snapshot_header& h, snapshot_in& in) {
   return c;
 }
 
-}  // namespace detail
-
-void save(const kv_cache_store& store, std::ostream& out) {
+void save_snapshot(const kv_cache_store& store, std::ostream& out) {
   snapshot_kind kind;
   if (dynamic_cast<const default_kv_cache_store*>(&store))
     kind = snapshot_kind::default_store;
@@ -303,17 +301,18 @@ void save(const kv_cache_store& store, std::ostream& out) {
   else
     throw std::invalid_argument("ringkv::save: this store type has no snapshot format (the "
                                 "default, TurboQuant and int8 stores have)");
-  detail::snapshot_out s(out);
-  detail::write_header(kind, store.config(), store.options(), s);
-  detail::save_slots(kind, dynamic_cast<const slotted_kv_cache_store&>(store), s);
+  snapshot_out s(out);
+  write_header(kind, store.config(), store.options(), s);
+  save_slots(kind, dynamic_cast<const slotted_kv_cache_store&>(store), s);
   s.finish();
 }
 
-std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink,
-                                     std::size_t max_store_bytes) {
-  detail::snapshot_in s(in);
-  const detail::snapshot_header h = detail::read_header(s);
-  return detail::load_slots(h, s, sink, max_store_bytes);
+std::unique_ptr<kv_cache_store> load_snapshot(std::istream& in, trace::sink& sink,
+                                              std::size_t max_store_bytes) {
+  snapshot_in s(in);
+  const snapshot_header h = read_header(s);
+  return load_slots(h, s, sink, max_store_bytes);
 }
 
+}  // namespace detail
 }  // namespace ringkv

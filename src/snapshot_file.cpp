@@ -1,5 +1,7 @@
-// Snapshot files: atomic replacement (temporary file in the target's folder, fsync, rename,
-// folder fsync) and loading from a path, refusing bytes after the checksum.
+// ringkv.store's snapshot functions: save and load over ringkv.snapshot's format (a ringkv.store
+// unit may import it: only the interface of ringkv.store must not), atomic file replacement
+// (temporary file in the target's folder, fsync, rename, folder fsync) and loading from a path,
+// refusing bytes after the checksum.
 module;
 #include <cerrno>
 #include <cstddef>
@@ -16,7 +18,8 @@ module;
 #include <system_error>
 #include <fcntl.h>
 #include <unistd.h>
-module ringkv.snapshot;
+module ringkv.store;
+import ringkv.snapshot;
 
 namespace ringkv {
 namespace {
@@ -93,6 +96,13 @@ void replace_file(const fs::path& path, const std::function<void(std::ostream&)>
   }
   // The rename is durable once the folder's entry is.
   sync_path(folder, O_RDONLY | O_DIRECTORY, folder.string());
+}
+
+void save(const kv_cache_store& store, std::ostream& out) { detail::save_snapshot(store, out); }
+
+std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink,
+                                     std::size_t max_store_bytes) {
+  return detail::load_snapshot(in, sink, max_store_bytes);
 }
 
 void save(const kv_cache_store& store, const fs::path& path) {
