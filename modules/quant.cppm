@@ -51,16 +51,20 @@ class random_rotation {
   random_rotation(std::size_t dim, std::uint64_t seed, trace::sink& sink = trace::null_sink());
   std::size_t dim() const noexcept { return dim_; }
   bool hadamard() const noexcept { return hadamard_; }
-  /// out = Π·in (out may alias in only for Hadamard); O(dim log dim) or O(dim²).
-  void apply(std::span<const float> in, std::span<float> out) const noexcept;
-  /// out = Πᵀ·in, the exact inverse; same aliasing rule and cost as apply.
-  void apply_inverse(std::span<const float> in, std::span<float> out) const noexcept;
+  /// out = Π·in (out may alias in only for Hadamard); O(dim log dim) or O(dim²). Throws
+  /// std::invalid_argument, out untouched, unless in and out have dim() floats and (dense) do
+  /// not overlap.
+  void apply(std::span<const float> in, std::span<float> out) const;
+  /// out = Πᵀ·in, the exact inverse; same checks, aliasing rule and cost as apply.
+  void apply_inverse(std::span<const float> in, std::span<float> out) const;
   /// The state: dim signs (±1/sqrt(dim)) for Hadamard, else the dim × dim matrix, row-major.
   std::span<const float> state() const noexcept { return state_.as<float>(); }
   /// Bytes of the state.
   std::size_t bytes() const noexcept { return state_.bytes(); }
 
  private:
+  void check(const char* who, std::span<const float> in, std::span<const float> out) const;
+
   std::size_t dim_ = 0;
   bool hadamard_ = false;
   storage state_;

@@ -79,11 +79,26 @@ random_rotation::random_rotation(std::size_t dim, std::uint64_t seed, trace::sin
   fill_rotation(dim, seed, state_.as<float>());
 }
 
-void random_rotation::apply(std::span<const float> in, std::span<float> out) const noexcept {
+void random_rotation::check(const char* who, std::span<const float> in,
+                            std::span<const float> out) const {
+  const auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument(std::string("ringkv::random_rotation::") + who + ": " + what);
+  };
+  if (in.size() != dim_ || out.size() != dim_)
+    refuse("in has " + std::to_string(in.size()) + " floats and out " +
+           std::to_string(out.size()) + "; both must have dim = " + std::to_string(dim_));
+  // The dense product reads all of in for every output: it cannot work in place.
+  if (!hadamard_ && dim_ > 0 && in.data() < out.data() + dim_ && out.data() < in.data() + dim_)
+    refuse("out overlaps in (only a Hadamard rotation, dim a power of two, works in place)");
+}
+
+void random_rotation::apply(std::span<const float> in, std::span<float> out) const {
+  check("apply", in, out);
   codec::rotate(state_.as<float>().data(), hadamard_, dim_, in.data(), out.data());
 }
 
-void random_rotation::apply_inverse(std::span<const float> in, std::span<float> out) const noexcept {
+void random_rotation::apply_inverse(std::span<const float> in, std::span<float> out) const {
+  check("apply_inverse", in, out);
   codec::rotate_back(state_.as<float>().data(), hadamard_, dim_, in.data(), out.data());
 }
 

@@ -111,6 +111,31 @@ BOOST_AUTO_TEST_CASE(codebooks_are_symmetric_and_stationary_under_one_lloyd_iter
   BOOST_CHECK_THROW(ringkv::lloyd_max_codebook(0, 2), std::invalid_argument);
 }
 
+BOOST_AUTO_TEST_CASE(a_rotation_refuses_rows_of_another_size_and_a_dense_one_refuses_in_place) {
+  const ringkv::random_rotation dense(6, 1), hadamard(8, 1);
+  std::vector<float> in(8, 0.5f), out(8, 7.0f);
+  const std::vector<float> out_before = out;
+  BOOST_CHECK_EXCEPTION(dense.apply(std::span(in).first(5), std::span(out).first(6)),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"random_rotation::apply:", "in has 5 floats and out 6",
+                                              "dim = 6"});
+                        });
+  BOOST_CHECK_EXCEPTION(hadamard.apply_inverse(in, std::span(out).first(7)),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"apply_inverse", "out 7", "dim = 8"});
+                        });
+  BOOST_CHECK_EXCEPTION(dense.apply(std::span(in).first(6), std::span(in).subspan(2, 6)),
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"out overlaps in"}); });
+  BOOST_TEST(out == out_before, boost::test_tools::per_element());
+  BOOST_TEST(std::count(in.begin(), in.end(), 0.5f) == 8);
+  // In place is the Hadamard transform's own use: allowed, and the same as out of place.
+  std::vector<float> x{1, 2, 3, 4, 5, 6, 7, 8}, y(8);
+  hadamard.apply(x, y);
+  hadamard.apply(x, x);
+  BOOST_TEST(x == y, boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(rotations_are_orthogonal_and_their_inverse_is_exact) {
   std::mt19937_64 rng(3);
   for (std::size_t d : {64u, 96u, 7u}) {
