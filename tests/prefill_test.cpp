@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <span>
@@ -16,6 +17,8 @@
 #include "count_new.hpp"
 
 import ringkv;
+
+#include "store_support.hpp"
 
 namespace trace = ringkv::trace;
 
@@ -334,48 +337,69 @@ BOOST_AUTO_TEST_CASE(a_prefill_after_the_first_allocates_nothing) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_chunks_are_refused_with_out_and_store_untouched) {
-  const prompt p(10, 2, 3);
+  // Each refusal names the argument and the limit it broke; a wrapped ring (12 tokens in 8 slots)
+  // and out keep every byte, so a check that ran after a partial append or write would show.
+  using store_test::mentions;
+  const prompt p(16, 2, 3);
   auto store = ring(2, 8);
-  token_by_token(store, p, 0, 2);
+  token_by_token(store, p, 0, 12);
+  BOOST_TEST_REQUIRE(store.window_start(0) > 0u);  // wrapped
+  const auto before = store_test::snap(store);
   const ringkv::windowed_attention attention;
   std::vector<float> out(4 * p.q_row, 7.0f);
-  const auto untouched = [&] {
-    return store.length(0) == 2 &&
-           std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; });
+  const auto out_untouched = [&] {
+    return std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; });
   };
-  const auto qs = p.qs(2, 4), ks = p.ks(2, 4), vs = p.vs(2, 4);
-  BOOST_CHECK_THROW(attention.prefill(store, 1, qs, ks, vs, out), std::out_of_range);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks.first(ks.size() - 1), vs, out),
-                    std::invalid_argument);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, p.vs(2, 3), out), std::invalid_argument);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, p.qs(2, 3), ks, vs, out), std::invalid_argument);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, std::span<float>(out).first(10)),
-                    std::invalid_argument);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.window = 9}),
-                    std::invalid_argument);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.scale = -1.0f}),
-                    std::invalid_argument);
+  const auto qs = p.qs(12, 4), ks = p.ks(12, 4), vs = p.vs(12, 4);
+  BOOST_CHECK_EXCEPTION(attention.prefill(store, 1, qs, ks, vs, out), std::out_of_range,
+                        [](const auto& e) { return mentions(e, {"layer 1 >= layers 1"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks.first(ks.size() - 1), vs, out), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"keys has 127 floats", "kv_heads * head_dim = 32"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks, p.vs(12, 3), out), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"values has 96 floats but keys has 128"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, p.qs(12, 3), ks, vs, out), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"out has 512 floats but queries has 384"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks, vs, std::span<float>(out).first(10)),
+      std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"out has 10 floats but queries has 512"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks, vs, out, {.window = 9}), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"window 9 > capacity - slack = 8"}); });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks, vs, out, {.scale = -1.0f}), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"scale -1.000000", "must be finite and >= 0"}); });
   const std::vector<float> two_sinks(2, 0.0f);
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, ks, vs, out, {.sinks = two_sinks}),
-                    std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, ks, vs, out, {.sinks = two_sinks}), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"sinks has 2 values", "q_heads = 8"}); });
   std::vector<float> bad_k(ks.begin(), ks.end());
   bad_k[5] = std::numeric_limits<float>::quiet_NaN();
-  BOOST_CHECK_THROW(attention.prefill(store, 0, qs, bad_k, vs, out), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, qs, bad_k, vs, out), std::invalid_argument,
+                        [](const auto& e) {
+                          return mentions(e, {"keys has a non-finite element", "at index 5",
+                                              "NaN and Inf are refused"});
+                        });
   // out overlapping the queries
-  std::vector<float> shared(p.qs(2, 4).begin(), p.qs(2, 4).end());
-  BOOST_CHECK_THROW(attention.prefill(store, 0, shared, ks, vs, shared), std::invalid_argument);
-  BOOST_TEST(untouched());
-  try {
-    attention.prefill(store, 0, qs, ks, vs, out, {.window = 9});
-  } catch (const std::invalid_argument& e) {
-    BOOST_TEST(std::string(e.what()).find("window 9 > capacity - slack = 8") != std::string::npos);
-  }
+  std::vector<float> shared(qs.begin(), qs.end());
+  BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, shared, ks, vs, shared), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"out overlaps queries"}); });
+  BOOST_TEST((store_test::snap(store) == before));
+  BOOST_TEST(same_bits(shared, qs));
+  BOOST_TEST(out_untouched());
 
   ringkv::default_kv_cache_store dense({.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 5});
   token_by_token(dense, p, 0, 2);
-  BOOST_CHECK_THROW(attention.prefill(dense, 0, qs, ks, vs, out), ringkv::cache_full);
-  BOOST_TEST(dense.length(0) == 2u);
-  BOOST_TEST(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+  const auto dense_before = store_test::snap(dense);
+  BOOST_CHECK_EXCEPTION(attention.prefill(dense, 0, qs, ks, vs, out), ringkv::cache_full,
+                        [](const auto& e) {
+                          return mentions(e, {"holds 2 of 5 positions", "a chunk of 4 tokens"});
+                        });
+  BOOST_TEST((store_test::snap(dense) == dense_before));
+  BOOST_TEST(out_untouched());
   std::vector<float> three(3 * p.q_row);
   attention.prefill(dense, 0, p.qs(2, 3), p.ks(2, 3), p.vs(2, 3), three);  // exactly fits
   BOOST_TEST(dense.length(0) == 5u);
