@@ -186,13 +186,12 @@ struct token_data {
   }
 };
 
-/// The next `n` decode outputs of every layer, concatenated. The attention kernel reads f32
-/// rows only so far: f16/bf16 stores get the same `n` appends and no outputs (their windows and
-/// reads are compared afterwards instead).
+/// The next `n` decode outputs of every layer, concatenated. The decode stream takes one dtype
+/// for keys and values (f32, f16 or bf16): a store whose K and V share one gets outputs; a mixed
+/// store gets the same `n` appends and no outputs (its windows and reads are compared afterwards
+/// instead).
 std::vector<float> decode_next(ringkv::kv_cache_store& s, std::size_t n) {
   std::vector<float> out;
-  // The decode stream takes one dtype for keys and values (f32, f16 or bf16); a mixed store
-  // only appends.
   const bool one_dtype = s.config().key_type == s.config().value_type;
   for (std::size_t l = 0; l < s.config().layers; ++l) {
     token_data data(n, s.config(), 100 + unsigned(l));
@@ -414,14 +413,17 @@ BOOST_AUTO_TEST_CASE(a_write_that_fails_midway_leaves_the_previous_file_byte_ide
   const std::size_t size = to_bytes(s).size();
   std::size_t failures = 0;
   for (std::size_t limit : {std::size_t{0}, std::size_t{5}, std::size_t{68}, size / 2, size - 1}) {
-    BOOST_CHECK_THROW(ringkv::replace_file(file,
-                                           [&](std::ostream& out) {
-                                             failing_buffer buf(out, limit);
-                                             std::ostream failing(&buf);
-                                             failing.exceptions(std::ios::badbit);
-                                             ringkv::save(s, failing);
-                                           }),
-                      std::exception);
+    // The buffer's own exception reaches the caller (not some other failure on the way).
+    BOOST_CHECK_EXCEPTION(ringkv::replace_file(file,
+                                               [&](std::ostream& out) {
+                                                 failing_buffer buf(out, limit);
+                                                 std::ostream failing(&buf);
+                                                 failing.exceptions(std::ios::badbit);
+                                                 ringkv::save(s, failing);
+                                               }),
+                          std::runtime_error, [](const std::runtime_error& e) {
+                            return e.what() == std::string("failing_buffer: simulated failure midway");
+                          });
     BOOST_TEST(read_file(file) == before);
     BOOST_TEST(dir.entries() == 1u);  // the temporary file was removed
     ++failures;
@@ -504,7 +506,10 @@ BOOST_AUTO_TEST_CASE(saving_a_store_type_without_a_format_is_refused) {
     ringkv::memory_report memory() const override { return {}; }
   };
   std::ostringstream out;
-  BOOST_CHECK_THROW(ringkv::save(other{}, out), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(ringkv::save(other{}, out), std::invalid_argument, [](const auto& e) {
+    return store_test::mentions(e, {"ringkv::save", "no snapshot format",
+                                    "default, TurboQuant and int8 stores have"});
+  });
   BOOST_TEST(out.str().empty());
 }
 
@@ -611,15 +616,29 @@ BOOST_AUTO_TEST_CASE(nan_and_inf_in_keys_values_and_queries_are_refused_with_not
   const ringkv::windowed_attention attention;
   std::vector<float> q(2 * c.row_floats(), 0.5f), out(q.size(), 7.0f);
   q[3] = nan;
-  BOOST_CHECK_THROW(attention.decode_step(q, s.key_window(0, 3, 6), s.value_window(0, 3, 6), out),
-                    std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(
+      attention.decode_step(q, s.key_window(0, 3, 6), s.value_window(0, 3, 6), out),
+      std::invalid_argument, [](const auto& e) {
+        return store_test::mentions(e, {"decode_step", "query has a non-finite element",
+                                        "at index 3", "NaN and Inf are refused"});
+      });
   BOOST_TEST((out == std::vector<float>(q.size(), 7.0f)));
+  BOOST_TEST((store_test::snap(s) == before));
   token_data data(3, c, 5);
   data.q[2 * c.row_floats() + 1] = inf;  // the second token's query
+  // The store as it must be after the first token alone: the same rows, then that token.
+  ringkv::default_kv_cache_store first_only(c, {.sliding_window = true});
+  append_random(first_only, 0, 6, 1);
+  first_only.append(0, data.tokens[0].k, data.tokens[0].v);
   std::size_t rows = 0;
-  BOOST_CHECK_THROW(
-      for (auto row : ringkv::decode(s, 0, data.tokens)) rows += row.size() > 0, std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(
+      for (auto row : ringkv::decode(s, 0, data.tokens)) rows += row.size() > 0,
+      std::invalid_argument, [](const auto& e) {
+        return store_test::mentions(e, {"ringkv::decode", "token q has a non-finite element (inf)",
+                                        "at index 1", "NaN and Inf are refused"});
+      });
   BOOST_TEST(rows == 1u);
+  BOOST_TEST((store_test::snap(s) == store_test::snap(first_only)));
   BOOST_TEST(s.length(0) == 7u);  // the first token only
   BOOST_TEST(refused == 6u);
   // Finite input can still become Inf where the element type cannot hold it (f16 above 65504);
