@@ -64,6 +64,8 @@ BOOST_AUTO_TEST_CASE(dot_matches_a_double_reference_for_every_length_and_target)
           magnitude += std::abs(double(a[i]) * double(b[i]));
         }
         const float got = kernels::dot(a, b);
+        // Two FMA chains per lane (≤ ⌈70 / 8⌉ = 9 steps at 4 lanes), then 1 + log2(lanes) adds:
+        // ≤ 12 roundings of ≤ 2^-24 · Σ|a·b| each, 7.2e-7 · magnitude at most.
         BOOST_TEST(std::abs(got - ref) <= 1e-6 * (magnitude + 1e-30), "n " << n);
       }
     }
@@ -104,9 +106,13 @@ BOOST_AUTO_TEST_CASE(merge_is_the_natural_log_sum_exp_of_two_states) {
         const double m = std::max(a0.max[h], b.max[h]);
         const double ea = std::exp(double(a0.max[h]) - m), eb = std::exp(double(b.max[h]) - m);
         BOOST_TEST(a.max[h] == float(m));
+        // Positive terms, each within 2^-23 (Highway's Exp: 1 ulp) + 2^-24 (its product), the
+        // sum rounded once more: ≤ 2^-22 ≈ 2.4e-7 of the sum.
         BOOST_TEST(std::abs(a.sum[h] - (a0.sum[h] * ea + b.sum[h] * eb)) <= 1e-6 * a.sum[h]);
         for (std::size_t i = 0; i < dim; ++i) {
           const double ref = a0.acc[h * dim + i] * ea + b.acc[h * dim + i] * eb;
+          // |acc| < 1, weights ≤ 1 within 1 ulp: 2·2^-23, + 2^-24 (b·sb) + 2^-23 (the FMA on a
+          // result < 2) ≈ 4.2e-7 absolute.
           BOOST_TEST(std::abs(a.acc[h * dim + i] - ref) <= 1e-6, "head " << h << " i " << i);
         }
       }
@@ -138,12 +144,22 @@ BOOST_AUTO_TEST_CASE(merging_an_empty_state_changes_nothing_bit_for_bit) {
 
 BOOST_AUTO_TEST_CASE(merge_refuses_states_of_different_shapes) {
   owned_state a(2, 4), b(2, 5), odd(2, 4);
+  a.max = {0.5f, -1.0f};  // a live state, so a partial merge would show in every part
+  a.sum = {1.5f, 2.0f};
+  a.acc = filled(2 * 4, 7);
+  b.max = {1.0f, 1.0f};
+  b.sum = {1.0f, 1.0f};
   odd.sum.resize(3);
   const owned_state a0 = a;
   BOOST_CHECK_EXCEPTION(kernels::merge(a.view(), b.view()), std::invalid_argument,
-                        [](const auto& e) { return mentions(e, "from is [2 heads, 10 acc]"); });
+                        [](const auto& e) {
+                          return mentions(e, "into is [2 heads, 8 acc]") &&
+                                 mentions(e, "from is [2 heads, 10 acc]");
+                        });
   BOOST_CHECK_EXCEPTION(kernels::merge(a.view(), odd.view()), std::invalid_argument,
-                        [](const auto& e) { return mentions(e, "sum[3]"); });
+                        [](const auto& e) { return mentions(e, "from has max[2], sum[3]"); });
+  BOOST_TEST(same_bits(a.max, a0.max));
+  BOOST_TEST(same_bits(a.sum, a0.sum));
   BOOST_TEST(same_bits(a.acc, a0.acc));
 }
 
@@ -162,6 +178,8 @@ BOOST_AUTO_TEST_CASE(finish_divides_by_the_denominator_and_the_sink_term) {
       for (std::size_t h = 0; h < heads; ++h) {
         const double with_sink = s.sum[h] + std::exp(double(sinks[h]) - s.max[h]);
         for (std::size_t i = 0; i < dim; ++i) {
+          // The double denominator rounded to f32 once, then one f32 division: ≤ 2·2^-24 of
+          // |out| ≤ 1 / 2.5 (|acc| < 1, denominators ≥ 2.5), 4.8e-8.
           BOOST_TEST(std::abs(out[h * dim + i] - s.acc[h * dim + i] / with_sink) <= 1e-7);
           BOOST_TEST(std::abs(plain[h * dim + i] - s.acc[h * dim + i] / double(s.sum[h])) <= 1e-7);
         }
