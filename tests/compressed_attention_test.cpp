@@ -234,12 +234,13 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
   fill({&s}, 6, 29);
   fill({&other}, 6, 29);
   const ringkv::compressed_kv_attention a;
-  std::vector<float> q(4 * 16, 0.5f), out(4 * 16, 7.0f), small(4 * 16 - 1);
+  std::vector<float> q(4 * 16, 0.5f), out(4 * 16, 7.0f), small(4 * 16 - 1, 7.0f);
   const auto k = s.compressed_key_window(0, 0, 6), v = s.compressed_value_window(0, 0, 6);
   auto refused = [&](auto&& call, std::initializer_list<const char*> words) {
     BOOST_CHECK_EXCEPTION(call(), std::invalid_argument,
                           [&](const auto& e) { return mentions(e, words); });
     BOOST_TEST((out == std::vector<float>(4 * 16, 7.0f)));
+    BOOST_TEST((small == std::vector<float>(4 * 16 - 1, 7.0f)));
   };
   refused([&] { a.decode_step(q, s.compressed_key_window(0, 0, 0), s.compressed_value_window(0, 0, 0), out); },
           {"compressed_kv_attention", "empty"});
@@ -249,13 +250,14 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
   refused([&] { a.decode_step(std::span(q).first(3 * 16), k, v, std::span(out).first(3 * 16)); },
           {"q_heads 3", "kv_heads 2"});
   refused([&] { a.decode_step(q, k, v, small); }, {"out has 63"});
-  refused([&] { a.decode_step(q, k, v, out, -1.0f); }, {"scale"});
+  refused([&] { a.decode_step(q, k, v, out, -1.0f); }, {"scale -1.000000", "finite and >= 0"});
   refused([&] { a.decode_step(q, k, v, out, 0.0f, std::span(q).first(3)); }, {"sinks has 3"});
   turboquant_kv_cache_store wide(shape(512, 2, 1), {});
   fill({&wide}, 1, 1);
-  std::vector<float> wq(512), wo(512);
+  std::vector<float> wq(512), wo(512, 7.0f);
   BOOST_CHECK_EXCEPTION(a.decode_step(wq, wide.compressed_key_window(0, 0, 1),
                                       wide.compressed_value_window(0, 0, 1), wo),
                         std::invalid_argument,
-                        [](const auto& e) { return mentions(e, {"head_dim 512", "256"}); });
+                        [](const auto& e) { return mentions(e, {"head_dim 512", "max_head_dim 256"}); });
+  BOOST_TEST((wo == std::vector<float>(512, 7.0f)));
 }
