@@ -119,7 +119,9 @@ BOOST_AUTO_TEST_CASE(bad_view_shapes_are_refused_with_the_argument_named) {
   // Heads interleaved within each position ([positions, heads, dim], a prefill chunk's layout).
   const ringkv::tensor_view interleaved(base, dtype::f32, 2, 4, 4, 4, 8);
   BOOST_TEST(interleaved.row<float>(1, 2).data() == data.data() + 2 * 8 + 4);
-  BOOST_CHECK_THROW(ok.slice(3, 2), std::out_of_range);
+  BOOST_CHECK_EXCEPTION(ok.slice(3, 2), std::out_of_range, [](const auto& e) {
+    return mentions(e, "slice: [3, 5)") && mentions(e, "outside 4 positions");
+  });
 }
 
 #ifndef NDEBUG
@@ -127,9 +129,15 @@ BOOST_AUTO_TEST_CASE(row_access_is_bounds_checked_in_debug_builds) {
   std::vector<float> data(16);
   auto v = ringkv::tensor_view::contiguous(reinterpret_cast<std::byte*>(data.data()), dtype::f32,
                                            2, 2, 4);
-  BOOST_CHECK_THROW(v.row<float>(2, 0), std::out_of_range);
-  BOOST_CHECK_THROW(v.row<float>(0, 2), std::out_of_range);
-  BOOST_CHECK_THROW(v.row<std::uint16_t>(0, 0), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(v.row<float>(2, 0), std::out_of_range, [](const auto& e) {
+    return mentions(e, "row (head 2, position 0) outside [2, 2)");
+  });
+  BOOST_CHECK_EXCEPTION(v.row<float>(0, 2), std::out_of_range, [](const auto& e) {
+    return mentions(e, "row (head 0, position 2) outside [2, 2)");
+  });
+  BOOST_CHECK_EXCEPTION(v.row<std::uint16_t>(0, 0), std::invalid_argument, [](const auto& e) {
+    return mentions(e, "element type size does not match dtype f32");
+  });
 }
 #endif
 
@@ -195,7 +203,8 @@ BOOST_AUTO_TEST_CASE(a_scope_reset_to_a_size_known_in_advance_takes_it_in_one_tr
 }
 
 BOOST_AUTO_TEST_CASE(zero_sized_scope_requests_are_refused) {
-  BOOST_CHECK_THROW(ringkv::scope(0), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(ringkv::scope(0), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, "slab_bytes must be > 0"); });
   ringkv::scope s(64);
   BOOST_CHECK_EXCEPTION(s.allocate_bytes(0), std::invalid_argument,
                         [](const auto& e) { return mentions(e, "bytes must be > 0"); });
