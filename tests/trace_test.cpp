@@ -78,10 +78,13 @@ BOOST_AUTO_TEST_CASE(the_event_range_composes_with_range_v3_views_across_the_wra
 }
 
 BOOST_AUTO_TEST_CASE(a_recorder_allocates_once_and_never_while_recording) {
+  const ringkv_test::new_counter construction;
   trace::recorder r(32);
-  ringkv_test::new_counter counter;
+  BOOST_TEST(construction.calls() == 1u);  // the ring of 32 events, in one piece
+  const ringkv_test::new_counter recording;
   for (std::size_t i = 0; i < 1000; ++i) r.emit(trace::allocation{"x", i});
-  BOOST_TEST(counter.calls() == 0u);
+  BOOST_TEST(recording.calls() == 0u);
+  BOOST_TEST(r.emitted() == 1000u);
 }
 
 BOOST_AUTO_TEST_CASE(clear_forgets_events_and_counters) {
@@ -103,11 +106,19 @@ BOOST_AUTO_TEST_CASE(a_recorder_of_capacity_zero_is_refused) {
 
 BOOST_AUTO_TEST_CASE(the_null_sink_is_disabled_and_a_disabled_producer_records_nothing) {
   BOOST_TEST(!trace::null_sink().enabled());
-  trace::recorder r(4);
-  { ringkv::storage s(128, "quiet", trace::null_sink()); }
-  BOOST_TEST(r.emitted() == 0u);
-  { ringkv::storage s(128, "heard", r); }
-  BOOST_TEST(r.emitted() == 2u);
+  // A sink that counts what reaches it: a producer given a disabled one must not call emit().
+  struct counting_sink final : trace::sink {
+    bool on = false;
+    std::size_t emits = 0;
+    bool enabled() const noexcept override { return on; }
+    void emit(const trace::event&) override { ++emits; }
+  };
+  counting_sink quiet, heard;
+  heard.on = true;
+  { ringkv::storage s(128, "quiet", quiet); }
+  BOOST_TEST(quiet.emits == 0u);
+  { ringkv::storage s(128, "heard", heard); }
+  BOOST_TEST(heard.emits == 2u);  // the same producer, enabled: allocation and release
 }
 
 BOOST_AUTO_TEST_CASE(kernel_runs_are_opt_in) {
