@@ -183,7 +183,12 @@ class reference_attention {
     for (std::size_t p = from; p < to; ++p) add(p);
   }
 
-  /// Largest |out − reference| relative to the magnitude of the weighted sum it approximates.
+  /// Largest |out − reference| relative to the magnitude of the weighted sum it approximates:
+  /// per element, |out − Σ w v / Σ w| / (Σ w |v| / Σ w), so cancellation in Σ w v cannot hide
+  /// or inflate an error. The suite's bound, 2e-6: f32 scores (D ≤ 256 terms) and window-long
+  /// f32 sums round at 2^-24 ≈ 6e-8 a step, errors of random sign; observed at most 6.4e-7 (W
+  /// 1…300, SSE4/SSSE3/EMU128; 4.6e-7 AVX2), 8.4e-8 at W 4096, 1.0e-7 with a pinned window and
+  /// scale 0.3, 7.8e-8 in the window-rule test.
   double relative_error(const std::vector<float>& out) const {
     double worst = 0;
     for (std::size_t i = 0; i < out.size(); ++i) {
@@ -254,6 +259,7 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_windo
           attention.decode_step(query, k, v, out, 0.0f, sinks);
           const double e = ref.relative_error(out);
           errors.add(target, e);
+          // 2e-6: see relative_error (observed max 6.4e-7 here).
           BOOST_TEST(e <= 2e-6, target << " D " << dim << " heads " << hs.q << "/" << hs.kv << " W " << w);
         });
       }
@@ -283,6 +289,7 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
         attention.decode_step(query, k, v, out, 0.0f, sinks);
         const double e = ref.relative_error(out);
         errors.add(target, e);
+        // 2e-6: see relative_error (observed max 8.4e-8 here).
         BOOST_TEST(e <= 2e-6, target << " D " << dim << " heads " << hs.q << "/" << hs.kv);
       });
     }
@@ -301,10 +308,13 @@ BOOST_AUTO_TEST_CASE(an_explicit_scale_and_a_pinned_window_match_the_reference) 
   const windowed_kv k = ring.keys(440, 500, true), v = ring.values(440, 500, true);
   BOOST_REQUIRE(k.runs().size() == 3u);
   std::vector<float> out(query.size());
+  error_log errors;
   for_each_target([&](const char* target) {
     attention.decode_step(query, k, v, out, 0.3f);
-    BOOST_TEST(ref.relative_error(out) <= 2e-6, target);
+    errors.add(target, ref.relative_error(out));
+    BOOST_TEST(ref.relative_error(out) <= 2e-6, target);  // see relative_error
   });
+  errors.report("scale 0.3, pinned window");
 }
 
 // ---- the window rule ------------------------------------------------------------------------
@@ -328,7 +338,8 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
   inside.add(p - w + 1, p + 1);
   std::vector<float> out(dim);
   attention.decode_step(query, ring.keys(p - w + 1, p + 1), ring.values(p - w + 1, p + 1), out);
-  BOOST_TEST(inside.relative_error(out) <= 2e-6);
+  BOOST_TEST_MESSAGE("W 20 inside the window: relative error " << inside.relative_error(out));
+  BOOST_TEST(inside.relative_error(out) <= 2e-6);  // see relative_error
   for (float x : out) BOOST_TEST(std::abs(x) < 2.0f);  // one outside row would make it ≈ 1000
 
   // And the rule is not vacuous: one more position (p − W) changes the answer completely.
