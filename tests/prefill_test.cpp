@@ -275,6 +275,7 @@ BOOST_AUTO_TEST_CASE(kept_tokens_and_learned_sinks_on_a_wrapped_ring_match_the_d
     worst = std::max(worst, max_abs_diff(std::span<const float>(rows).subspan(i * p.q_row, p.q_row), want));
   }
   BOOST_TEST_MESSAGE("max abs error vs double with keep and sinks: " << worst);
+  // As above: 16-term f32 scores and a softmax of ≤ 12 terms over values ~1 (observed 2.7e-7).
   BOOST_TEST(worst < 2e-6);
 }
 
@@ -282,10 +283,15 @@ BOOST_AUTO_TEST_CASE(a_smaller_window_than_the_ring_holds_is_honoured) {
   const prompt p(40, 2, 8);
   auto store = ring(2, 32);
   const auto out = prefilled(store, p, 0, 40, {.window = 6});
+  double worst = 0;
   for (const std::size_t i : {0u, 5u, 6u, 39u}) {
     const auto want = reference(p, 2, i, window_of(i, 6, 0));
-    BOOST_TEST(max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want) < 2e-6);
+    worst = std::max(worst, max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
   }
+  BOOST_TEST_MESSAGE("window 6: max abs error vs double " << worst);
+  // 16-term f32 scores and a softmax of ≤ 6 terms over values ~1: a few 1e-7 (see the reference
+  // test above); a seventh key or a missing one moves the output by ~0.1.
+  BOOST_TEST(worst < 2e-6);
 }
 
 BOOST_AUTO_TEST_CASE(a_compressed_store_gets_the_token_by_token_loop) {
