@@ -2,9 +2,11 @@
 // bit widths, QJL and seed, or int8), its shape, and a sequence of append, window,
 // read, truncate, clear and save→load operations, run on that store and on the deque-of-rows
 // reference (tests/support/deque_store.hpp); positions, refusals and contents must agree after
-// every operation. For lossy stores (f16, bf16, TurboQuant, int8) the reference keeps the row
-// the store reads back right after appending, so a row in the wrong slot still shows. The number of operations
-// run is printed at exit ("store_diff: N operations").
+// every operation. The rows appended are exact in f32, f16 and bf16, so the reference of a default
+// store (any dtype) keeps the rows as given and a wrongly stored value shows; for lossy stores
+// (TurboQuant, int8) it keeps the row the store reads back right after appending, so a row in the
+// wrong slot still shows. The number of operations run is printed at exit ("store_diff: N
+// operations").
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -41,10 +43,9 @@ class differential {
                const ringkv::store_options& o, std::unique_ptr<ringkv::kv_cache_store> store)
       : in_(in), c_(c), store_(std::move(store)), model_(c, o, ringkv::trace::null_sink()),
         key_(c.row_floats()), value_(c.row_floats()), arena_(4096),
-        lossy_(dynamic_cast<ringkv::default_kv_cache_store*>(store_.get()) == nullptr ||
-               c.key_type != ringkv::dtype::f32 || c.value_type != ringkv::dtype::f32),
-        half_views_(!dynamic_cast<ringkv::compressed_kv_cache_store*>(store_.get()) &&
-                    lossy_) {}
+        lossy_(dynamic_cast<ringkv::default_kv_cache_store*>(store_.get()) == nullptr),
+        half_views_(!lossy_ &&
+                    (c.key_type != ringkv::dtype::f32 || c.value_type != ringkv::dtype::f32)) {}
 
   void run() {
     while (in_.remaining_bytes() > 0 && steps_ < 512) {
@@ -180,7 +181,7 @@ class differential {
   store_test::deque_store model_;
   std::vector<float> key_, value_;
   ringkv::scope arena_;
-  bool lossy_;       // the store does not hold the rows exactly as given
+  bool lossy_;       // a compressed store: it does not hold the rows exactly as given
   bool half_views_;  // its windows are f16/bf16 views (not comparable as f32 rows)
   std::size_t steps_ = 0;
 };
