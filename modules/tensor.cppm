@@ -25,6 +25,16 @@ constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2
 void require_finite(std::string_view who, std::string_view what, std::span<const float> values);
 /// Whether every element of `values` is finite (no NaN, no ±Inf); O(n), no allocation.
 bool all_finite(std::span<const float> values) noexcept;
+/// Whether `type` holds every element of finite `values` without rounding one to ±Inf (see
+/// require_storable); O(n), no allocation.
+bool all_storable(std::span<const float> values, dtype type) noexcept;
+/// Throws std::invalid_argument ("ringkv::<who>: <what>[i] = x is too large for f16 ...") at the
+/// first element of `values` (finite: require_finite first) that `type` cannot hold, one that
+/// rounds to ±Inf there: |x| >= 65520 for f16, >= 0x1.ffp127 for bf16, none for f32. O(n).
+/// An f16/bf16 store refuses such keys and values as it refuses NaN: stored as ±Inf they would
+/// turn attention's output into NaN.
+void require_storable(std::string_view who, std::string_view what, std::span<const float> values,
+                      dtype type);
 /// Whether a and b share an element (empty spans share none); O(1).
 bool overlaps(std::span<const float> a, std::span<const float> b) noexcept;
 /// The dtype's name ("f32", "f16", "bf16"); O(1).

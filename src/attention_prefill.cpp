@@ -61,9 +61,13 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
   // One row's query/out/sinks/scale checks stand for all rows (they share the geometry).
   s.scale = kernels::check_step(who, queries.first(s.q_row), c.kv_heads, c.head_dim,
                                 out.first(s.q_row), o.scale, o.sinks);
-  require_finite(who, "queries", queries);
-  require_finite(who, "keys", keys);
-  require_finite(who, "values", values);
+  // These add the "ringkv::" of who themselves.
+  const std::string_view name = who.substr(std::string_view("ringkv::").size());
+  require_finite(name, "queries", queries);
+  require_finite(name, "keys", keys);
+  require_finite(name, "values", values);
+  require_storable(name, "keys", keys, c.key_type);
+  require_storable(name, "values", values, c.value_type);
   const std::size_t length = store.length(layer);
   if (!store.options().sliding_window && length + s.tokens > c.capacity)
     throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) +

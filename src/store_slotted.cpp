@@ -86,10 +86,14 @@ std::size_t slotted_kv_cache_store::prepare_append(std::size_t layer, std::span<
       throw std::invalid_argument(std::string("ringkv::") + name_ + "::append: " + what + " has " +
                                   str(span.size()) + " floats, expected kv_heads * head_dim = " +
                                   str(row));
-  if (!all_finite(key) || !all_finite(value)) {  // README "NaN and Inf": refused, not stored
+  // README "NaN and Inf": refused, not stored (nor rounded to ±Inf by an f16/bf16 store).
+  if (!all_finite(key) || !all_finite(value) || !all_storable(key, config_.key_type) ||
+      !all_storable(value, config_.value_type)) {
     const std::string who = std::string(name_) + "::append";  // only now: append allocates nothing
     require_finite(who, "key", key);
     require_finite(who, "value", value);
+    require_storable(who, "key", key, config_.key_type);
+    require_storable(who, "value", value, config_.value_type);
   }
   const std::size_t p = layers_[layer].length;
   if (!options_.sliding_window && p == config_.capacity)

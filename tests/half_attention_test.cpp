@@ -294,30 +294,37 @@ BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_th
 // ---- storage -------------------------------------------------------------------------------
 
 namespace {
-/// Inputs that probe the rounding: ties at 1 (to even, down and up), f16's largest finite value
-/// and the first input that overflows it, f16 subnormals and their ties, bf16 ties and its
-/// overflow, f32 subnormals, negatives; then inputs over 50 binades (2^-30 … 2^19).
-std::vector<float> probe_inputs() {
-  std::vector<float> probes = {0.0f, -0.0f, 1.0f, -1.0f, 1 + 0x1p-11f, 1 + 0x3p-11f, -(1 + 0x1p-11f),
-                               65504.0f, 65519.0f, 65520.0f, -70000.0f, 0x1p-24f, 0x1p-25f,
-                               0x3p-25f, 0x1p-14f, 0x1.ffcp-15f, 1e-10f, 1 + 0x1p-8f, 1 + 0x3p-8f,
-                               0x1.ff8p127f, -3.4e38f, 1e-40f, -0x1p-130f, 0.1f, -0.3f,
-                               3.14159265f};
+/// The smallest magnitude `type` rounds to ±Inf (its largest finite value plus half an ulp; the
+/// tie goes up): a store of that type refuses it.
+float overflow_at(dtype type) { return type == dtype::f16 ? 65520.0f : 0x1.ffp127f; }
+
+/// Inputs that probe the rounding into `type`: ties at 1 (to even, down and up), f16's largest
+/// finite value and the largest input that rounds to it, f16 subnormals and their ties, bf16
+/// ties and its largest values, f32 subnormals, negatives; then inputs over 50 binades
+/// (2^-30 … 2^19). Inputs the type would round to ±Inf are refused by its stores: left out.
+std::vector<float> probe_inputs(dtype type) {
+  std::vector<float> probes;
+  for (const float x : {0.0f, -0.0f, 1.0f, -1.0f, 1 + 0x1p-11f, 1 + 0x3p-11f, -(1 + 0x1p-11f),
+                        65504.0f, 65519.0f, -65519.0f, 65520.0f, -70000.0f, 0x1p-24f, 0x1p-25f,
+                        0x3p-25f, 0x1p-14f, 0x1.ffcp-15f, 1e-10f, 1 + 0x1p-8f, 1 + 0x3p-8f,
+                        0x1.fep127f, -0x1.fe8p127f, 0x1.ff8p127f, -3.4e38f, 1e-40f, -0x1p-130f,
+                        0.1f, -0.3f, 3.14159265f})
+    if (std::fabs(x) < overflow_at(type)) probes.push_back(x);
   for (std::size_t n = 0; probes.size() < 200; ++n)
-    probes.push_back(std::ldexp(input(value_stream, n, 0, 0), int(n % 50) - 30));
+    if (const float x = std::ldexp(input(value_stream, n, 0, 0), int(n % 50) - 30);
+        std::fabs(x) < overflow_at(type))
+      probes.push_back(x);
   return probes;
 }
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_half_store_holds_each_f32_input_rounded_once_to_nearest_even) {
-  // Values that probe the rounding: ties at 1 (to even, down and up), f16's largest finite value
-  // and the first input that overflows it, f16 subnormals and their ties, bf16 ties and its
-  // overflow, negatives; then inputs over 50 binades. The store's raw bits (through its
-  // zero-copy windows, after the ring wrapped) must equal the test's own conversion, and
-  // read_keys / read_values must return exactly those values as f32.
-  const std::vector<float> probes = probe_inputs();
+  // Values that probe the rounding (probe_inputs). The store's raw bits (through its zero-copy
+  // windows, after the ring wrapped) must equal the test's own conversion, and read_keys /
+  // read_values must return exactly those values as f32.
   constexpr std::size_t kv_heads = 2, dim = 20, capacity = 7;
   for (dtype type : half_types) {
+    const std::vector<float> probes = probe_inputs(type);
     BOOST_TEST_CONTEXT(ringkv::name_of(type)) {
       auto store = make_store(type, kv_heads, dim, capacity, true);
       std::vector<float> k(kv_heads * dim), v(k.size());
@@ -364,18 +371,16 @@ BOOST_AUTO_TEST_CASE(a_half_store_holds_each_f32_input_rounded_once_to_nearest_e
 BOOST_AUTO_TEST_CASE(every_value_a_half_store_holds_reaches_every_target_exactly) {
   // A window of one position returns its value row exactly (weight exp(0) = 1, sum 1), so each
   // target's loader is checked against read_values bit for bit: f16 and bf16 subnormals, ±0,
-  // the largest values, and ±Inf, which an f16 store keeps for a finite input too large for it
-  // (README "NaN and Inf"; Highway's own f16 emulation reads it as a finite 2^16-scale number).
-  // head_dim 19: two AVX2 vectors and a tail, four SSE4 vectors and a tail.
+  // the largest values. head_dim 19: two AVX2 vectors and a tail, four SSE4 vectors and a tail.
   constexpr std::size_t dim = 19, q = 2;
-  const std::vector<float> probes = probe_inputs();
-  const std::size_t positions = (probes.size() + dim - 1) / dim;
   const windowed_attention attention;
   const auto query = make_query(q, dim, 5);
   std::vector<float> k(dim), v(dim), back(dim), out(q * dim);
   for (dtype type : half_types) {
+    const std::vector<float> probes = probe_inputs(type);
+    const std::size_t positions = (probes.size() + dim - 1) / dim;
     auto store = make_store(type, 1, dim, positions, false);
-    std::size_t infinities = 0, subnormals = 0;
+    std::size_t largest = 0, subnormals = 0;
     for (std::size_t p = 0; p < positions; ++p) {
       for (std::size_t i = 0; i < dim; ++i) {
         k[i] = input(key_stream, p, 0, i);
@@ -384,7 +389,7 @@ BOOST_AUTO_TEST_CASE(every_value_a_half_store_holds_reaches_every_target_exactly
       store.append(0, k, v);
       store.read_values(0, p, p + 1, back);
       for (float x : back) {
-        infinities += std::isinf(x);
+        largest += std::fabs(x) == (type == dtype::f16 ? 65504.0f : 0x1.fep127f);
         subnormals += std::fpclassify(x) == FP_SUBNORMAL ||
                       (type == dtype::f16 && x != 0 && std::abs(x) < 0x1p-14f);
       }
@@ -403,8 +408,66 @@ BOOST_AUTO_TEST_CASE(every_value_a_half_store_holds_reaches_every_target_exactly
           }
       });
     }
-    BOOST_TEST(infinities >= 2u, ringkv::name_of(type));
+    BOOST_TEST(largest >= 2u, ringkv::name_of(type));
     BOOST_TEST(subnormals >= 2u, ringkv::name_of(type));
+  }
+}
+
+// README "NaN and Inf": a finite input that an f16 or bf16 store would round to ±Inf is refused
+// like an infinite one — stored, it would make every output that reads it NaN (inf · 0, inf − inf).
+BOOST_AUTO_TEST_CASE(a_half_store_refuses_a_finite_input_it_would_round_to_infinity) {
+  constexpr std::size_t dim = 8;
+  for (dtype type : half_types) {
+    BOOST_TEST_CONTEXT(ringkv::name_of(type)) {
+      const float limit = overflow_at(type), below = std::nextafter(limit, 0.0f);
+      auto store = make_store(type, 1, dim, 4, true);
+      fill_until(store, 6);  // wrapped
+      const auto keys_of = [&] {
+        std::vector<float> out(4 * dim);
+        store.read_keys(0, 2, 6, out);
+        return out;
+      };
+      const std::vector<float> before = keys_of();
+      std::vector<float> k(dim, 1.0f), v(dim, 1.0f);
+      k[3] = limit;
+      BOOST_CHECK_EXCEPTION(store.append(0, k, v), std::invalid_argument, [&](const auto& e) {
+        const std::string m = e.what();
+        return m.find("append: key[3] = ") != std::string::npos &&
+               m.find("is too large for " + std::string(ringkv::name_of(type))) != std::string::npos;
+      });
+      k[3] = 1.0f;
+      v[5] = -limit;
+      BOOST_CHECK_EXCEPTION(store.append(0, k, v), std::invalid_argument, [](const auto& e) {
+        return std::string(e.what()).find("value[5] = -") != std::string::npos;
+      });
+      BOOST_TEST(store.length(0) == 6u);
+      BOOST_TEST(keys_of() == before, boost::test_tools::per_element());
+      // The largest input below the limit is held, rounded to the type's largest finite value.
+      v[5] = -below;
+      k[0] = below;
+      store.append(0, k, v);
+      std::vector<float> back(dim);
+      store.read_keys(0, 6, 7, back);
+      BOOST_TEST(back[0] == (type == dtype::f16 ? 65504.0f : 0x1.fep127f));
+      // prefill and the decode stream refuse it before writing out or appending.
+      std::vector<float> chunk_k(2 * dim, 0.5f), chunk_v(2 * dim, 0.5f), q(2 * dim, 0.5f);
+      std::vector<float> out(2 * dim, 7.0f);
+      chunk_v[dim + 1] = limit;
+      BOOST_CHECK_EXCEPTION(windowed_attention().prefill(store, 0, q, chunk_k, chunk_v, out),
+                            std::invalid_argument, [](const auto& e) {
+                              return std::string(e.what()).find(
+                                         "ringkv::windowed_attention::prefill: values[9] = ") == 0;
+                            });
+      BOOST_TEST(std::count(out.begin(), out.end(), 7.0f) == long(out.size()));
+      const std::vector<ringkv::token_qkv> tokens{{std::span(q).first(dim),
+                                                    std::span(chunk_k).first(dim),
+                                                    std::span(chunk_v).subspan(dim)}};
+      auto stream = ringkv::decode(store, 0, tokens);
+      BOOST_CHECK_EXCEPTION(stream.begin(), std::invalid_argument, [](const auto& e) {
+        return std::string(e.what()).find("append: value[1] = ") != std::string::npos;
+      });
+      BOOST_TEST(store.length(0) == 7u);
+    }
   }
 }
 
@@ -576,7 +639,11 @@ BOOST_AUTO_TEST_CASE(the_decode_stream_refuses_keys_and_values_of_different_dtyp
   const windowed_attention attention;
   std::vector<float> out(8, 7.0f);
   store.append(0, k, v);
-  BOOST_CHECK_THROW(attention.decode_step(q, store.key_window(0, 0, 1), store.value_window(0, 0, 1), out),
-                    std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(
+      attention.decode_step(q, store.key_window(0, 0, 1), store.value_window(0, 0, 1), out),
+      std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("decode_step: keys are f16 but values are bf16") !=
+               std::string::npos;
+      });
   for (float x : out) BOOST_TEST(x == 7.0f);
 }

@@ -641,15 +641,20 @@ BOOST_AUTO_TEST_CASE(nan_and_inf_in_keys_values_and_queries_are_refused_with_not
   BOOST_TEST((store_test::snap(s) == store_test::snap(first_only)));
   BOOST_TEST(s.length(0) == 7u);  // the first token only
   BOOST_TEST(refused == 6u);
-  // Finite input can still become Inf where the element type cannot hold it (f16 above 65504);
-  // such rows are stored and snapshotted with their exact bits.
+  // A finite input too large for an f16 store is refused too (it would round to Inf); the
+  // largest it holds, ±65504, is snapshotted with its exact bits.
   ringkv::default_kv_cache_store h({.layers = 1, .kv_heads = 1, .head_dim = 2, .capacity = 2,
                                     .key_type = dtype::f16});
-  const std::vector<float> big{1e6f, -1e6f}, small{1.0f, 2.0f};
-  h.append(0, big, small);
+  const std::vector<float> big{1e6f, -1e6f}, largest{65519.0f, -65504.0f}, small{1.0f, 2.0f};
+  BOOST_CHECK_EXCEPTION(h.append(0, big, small), std::invalid_argument, [](const auto& e) {
+    return std::string(e.what()).find("key[0] = 1000000.000000 is too large for f16") !=
+           std::string::npos;
+  });
+  BOOST_TEST(h.length(0) == 0u);
+  h.append(0, largest, small);
   auto back = from_bytes(to_bytes(h));
   std::vector<float> rk(2);
   back->read_keys(0, 0, 1, rk);
-  BOOST_TEST((rk == std::vector<float>{inf, -inf}));
+  BOOST_TEST((rk == std::vector<float>{65504.0f, -65504.0f}));
   check_identical(h, *back);
 }

@@ -604,9 +604,10 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_stores_round_to_nearest_even_and_read_back_as_
   default_kv_cache_store s(c, ring());
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
-  std::uniform_int_distribution<int> exponent(-30, 20);
+  // Inputs f16 can hold (|x| < 65520, past which it would round to Inf: refused, below).
+  std::uniform_int_distribution<int> exponent(-30, 14);
   std::vector<float> row(16), keys(16), values(16);
-  const float specials[] = {1.0f / 3, 65504.0f, 65519.0f, 65520.0f, 1e6f, 5.9604645e-8f,
+  const float specials[] = {1.0f / 3, 65504.0f, 65519.0f, -65519.0f, 65508.0f, 5.9604645e-8f,
                             2.9802322e-8f, 8.940697e-8f, 1e-7f, -0.0f, 6.1035156e-5f, 1.00048828125f};
   std::size_t wrong_f16 = 0, wrong_bf16 = 0;
   for (int t = 0; t < 300; ++t) {
@@ -641,10 +642,18 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_stores_round_to_nearest_even_and_read_back_as_
     });
     BOOST_TEST((snap(s) == before));
   }
-  // ...but a finite value past f16's range is stored as Inf.
+  // ...and so is a finite value the key's f16 would round to Inf (the bf16 value could hold it).
   std::fill(row.begin(), row.end(), -3.0f);
+  row[2] = 65520.0f;
+  BOOST_CHECK_EXCEPTION(s.append(0, row, row), std::invalid_argument, [](const auto& e) {
+    return mentions(e, {"default_kv_cache_store::append", "key[2] = 65520", "too large for f16",
+                        "largest finite 65504"});
+  });
+  BOOST_TEST((snap(s) == before));
+  // A bf16 value far past f16's range is held (rounded once), with an f16 key that fits.
+  std::vector<float> key_row(16, -3.0f);
   row[2] = 1e30f;
-  const std::size_t p = s.append(0, row, row);
+  const std::size_t p = s.append(0, key_row, row);
   s.read_keys(0, p, p + 1, keys);
   s.read_values(0, p, p + 1, values);
   BOOST_TEST(keys[0] == -3.0f);
