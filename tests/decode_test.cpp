@@ -196,10 +196,11 @@ BOOST_AUTO_TEST_CASE(a_stream_refuses_what_its_step_would_refuse_before_appendin
   for (const float scale : {std::numeric_limits<float>::infinity(), -1.0f,
                             std::numeric_limits<float>::quiet_NaN()})
     BOOST_CHECK_EXCEPTION(ringkv::decode(store, 0, data.tokens, {.scale = scale}),
-                          std::invalid_argument, [](const std::invalid_argument& e) {
-                            return std::string(e.what()).find(
-                                       "must be finite and >= 0 (0 means 1/sqrt(head_dim))") !=
-                                   std::string::npos;
+                          std::invalid_argument, [&](const std::invalid_argument& e) {
+                            const std::string m = e.what();
+                            return m.find("ringkv::decode: scale " + std::to_string(scale)) == 0 &&
+                                   m.find("must be finite and >= 0 (0 means 1/sqrt(head_dim))") !=
+                                       std::string::npos;
                           });
   auto stream = ringkv::decode(store, 0, data.tokens);
   auto it = stream.begin();
