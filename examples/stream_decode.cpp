@@ -7,12 +7,14 @@
 #include <cmath>
 #include <coroutine>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 import ringkv;
 
@@ -147,12 +149,23 @@ struct layer {
   }
 };
 
-template <class Event>
-std::size_t count(const ringkv::trace::recorder& r) {
-  std::size_t n = 0;
-  for ([[maybe_unused]] const Event& e : r.of<Event>()) ++n;
-  return n;
-}
+/// Passes every event on to the recorder and counts allocations and copies as they come: the
+/// recorder keeps only its newest events, so counting what it still holds could miss some.
+class counting_sink final : public ringkv::trace::sink {
+ public:
+  explicit counting_sink(ringkv::trace::recorder& rec) noexcept : rec_(&rec) {}
+  bool enabled() const noexcept override { return true; }
+  bool wants_kernel_runs() const noexcept override { return rec_->wants_kernel_runs(); }
+  void emit(const ringkv::trace::event& e) override {
+    allocations += std::holds_alternative<ringkv::trace::allocation>(e);
+    adapters += std::holds_alternative<ringkv::trace::adapter_inserted>(e);
+    rec_->emit(e);
+  }
+  std::uint64_t allocations = 0, adapters = 0;
+
+ private:
+  ringkv::trace::recorder* rec_;
+};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,10 +181,11 @@ int main(int argc, char** argv) {
   }
   // Kernel-run events only when a trace file is asked for; allocations and copies always.
   ringkv::trace::recorder rec(1u << 16, !s.trace_file.empty());
+  counting_sink sink(rec);
   std::mt19937 rng(20261129);
   std::vector<std::unique_ptr<layer>> layers;
   for (std::size_t l = 0; l < s.layers; ++l)
-    layers.push_back(std::make_unique<layer>(l % 4 == 3 ? 4 * s.window : s.window, rng, rec,
+    layers.push_back(std::make_unique<layer>(l % 4 == 3 ? 4 * s.window : s.window, rng, sink,
                                              s.gather));
   std::vector<float> x(d_model), h(d_model), o(d_model);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -192,8 +206,8 @@ int main(int argc, char** argv) {
     x.assign(h.begin(), h.end());
     if (t == 0) {  // warm-up: every stream has made its first step
       warm = std::chrono::steady_clock::now();
-      allocations_before = count<ringkv::trace::allocation>(rec);
-      adapters_before = count<ringkv::trace::adapter_inserted>(rec);
+      allocations_before = sink.allocations;
+      adapters_before = sink.adapters;
     }
     if ((t + 1) % report_every == 0 || t + 1 == s.tokens) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -214,8 +228,9 @@ int main(int argc, char** argv) {
   const auto last = *layers.back()->row;
   std::printf("summary: %zu tokens in %.3f s (%.0f tok/s after warm-up)\n", s.tokens, secs,
               s.tokens > 1 ? double(s.tokens - 1) / steady : 0.0);
-  std::printf("summary: allocations after warm-up: %zu, adapters after warm-up: %zu\n",
-              count<ringkv::trace::allocation>(rec) - allocations_before, count<ringkv::trace::adapter_inserted>(rec) - adapters_before);
+  std::printf("summary: allocations after warm-up: %llu, adapters after warm-up: %llu\n",
+              (unsigned long long)(sink.allocations - allocations_before),
+              (unsigned long long)(sink.adapters - adapters_before));
   std::printf("summary: KV bytes held: %zu\n", held);
   std::printf("summary: last row of the last layer starts %.6f %.6f %.6f %.6f\n", last[0],
               last[1], last[2], last[3]);
