@@ -3,8 +3,8 @@
 // Written by hand because the toolchain lacks std::generator (not in libstdc++ 12 nor libc++ 19)
 // and range-v3 0.12's generator does not work with standard C++20 coroutines. Where the standard
 // library has std::generator (__cpp_lib_generator), ringkv::generator is still this class, so the
-// behaviour (references to the yielded value, exceptions out of begin()/++) stays the same
-// everywhere. Kept small on purpose: one element type, no recursive yield, no allocator.
+// behaviour (references to the yielded value, lazy increments, exceptions out of the operation
+// that runs the body: begin(), *, -> or == end) stays the same everywhere. Kept small on purpose: one element type, no recursive yield, no allocator.
 module;
 #include <coroutine>
 #include <cstddef>
@@ -70,7 +70,6 @@ class generator : public std::ranges::view_base {
     using iterator_category = std::input_iterator_tag;  // range-v3 adaptors read this one
 
     iterator() noexcept = default;
-    /// The current value, valid until the next increment; O(1).
     /// The current value (runs a pending advance first), valid until the next increment.
     reference operator*() const {
       settle(coro_);
