@@ -81,7 +81,8 @@ class windowed_attention {
   /// {"round-chunk-rows"}, "keys" and "values", priced in bytes). Every output is computed
   /// before the chunk is appended, so a ring of capacity W takes a chunk of any length. The result
   /// is bit for bit that of C calls of append + decode_step, however a prompt is cut into chunks.
-  /// A store other than default_kv_cache_store gets exactly that token-by-token loop. Checks
+  /// A store other than default_kv_cache_store gets exactly that token-by-token loop (the decode
+  /// stream's, detail::append_and_attend: a compressed store from its codes). Checks
   /// everything first (std::invalid_argument / std::out_of_range naming the argument, cache_full
   /// for a dense store without room) with `out` and the store untouched.
   /// With a pool the chunk's queries are split across it (same bits).
@@ -166,6 +167,31 @@ std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noex
 /// resets it to window_copy_bytes, so the copies of a window still filling up do not grow it
 /// token after token. At most one traced allocation; O(1).
 void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t window);
+
+/// The compressed store whose codes a stream or prefill over `store` attends directly
+/// (compressed_kv_attention: no dequantized copy), or null: not a compressed store, gathering
+/// asked for, or head_dim past that kernel's max_head_dim. O(1).
+compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept;
+
+/// One token of a stream or prefill: its rows, its output row and the step's options.
+struct token_step {
+  std::span<const float> q, k, v;  // [q_heads * head_dim], [kv_heads * head_dim] × 2
+  std::span<float> out;            // [q_heads * head_dim]
+  float scale = 0.0f;
+  std::span<const float> sinks;
+  bool gather = false;
+};
+
+/// What the decode stream and prefill over a store other than default_kv_cache_store do per
+/// token: appends t.k and t.v to `layer`, then attends t.q over the `window` positions the token
+/// sees into t.out — a compressed store's codes directly (codes_of), any other store through the
+/// windows it hands out (a store whose windows copy, or t.gather, copies into `arena`, held at
+/// the full window's size by hold_window_copies; null only where codes_of applies). Every check
+/// is the caller's, made before: a refusal here would come after the append.
+/// O(window · q_heads · head_dim), plus the copies.
+void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
+                       const token_step& t, const windowed_attention& attention,
+                       trace::sink& sink, scope* arena);
 
 }  // namespace ringkv::detail
 

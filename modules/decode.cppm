@@ -32,11 +32,11 @@ namespace detail {
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o);
 /// Checks one token against the store's geometry before anything is appended.
 void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o);
-/// Appends one token and attends it; `out` is the output row. Allocates only when the arena must
-/// first hold the window's copies (hold_window_copies).
+/// Appends one token and attends it (append_and_attend); `out` is the output row. Allocates
+/// only when the arena must first hold the window's copies (hold_window_copies).
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
                 const decode_options& o, std::size_t window, const windowed_attention& attention,
-                scope& arena, std::span<float> out);
+                trace::sink& sink, scope& arena, std::span<float> out);
 
 template <class R>
 R& unwrap(R& r) noexcept { return r; }
@@ -60,7 +60,7 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
       const std::size_t dim = store.config().head_dim;
       attention.reserve(t.q.size() / dim, dim, window);  // with a pool: its scratch, once
     }
-    decode_one(store, layer, t, opts, window, attention, arena, out);
+    decode_one(store, layer, t, opts, window, attention, sink, arena, out);
     co_yield std::span<const float>(out);
   }
 }
@@ -70,7 +70,9 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
 /// appends k, v at the next position (overwriting the oldest of a full ring), attends q over its
 /// window and yields the output row, valid until the next increment. O(window * heads * head_dim)
 /// per token; no heap allocation per token after the first (a store whose windows are copies, or
-/// .gather, sizes the stream's arena for the full window at the first token). An lvalue range
+/// .gather, sizes the stream's arena for the full window at the first token). A compressed store
+/// is attended straight from its codes by compressed_kv_attention (no copy; .pool does not apply
+/// there), unless .gather asks for its dequantized windows gathered. An lvalue range
 /// is referenced, an rvalue one moved into the stream. Options are checked here, at the call
 /// (also that the store's key_type and value_type agree: f32, f16 or bf16, one dtype for both).
 template <class Tokens>

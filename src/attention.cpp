@@ -151,4 +151,31 @@ void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t wind
   if (arena.live() > 0 && arena.capacity() < full) arena.reset(full);
 }
 
+compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept {
+  auto* codes = dynamic_cast<compressed_kv_cache_store*>(&store);
+  return !gather && codes != nullptr &&
+                 store.config().head_dim <= compressed_kv_attention::max_head_dim
+             ? codes
+             : nullptr;
+}
+
+void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
+                       const token_step& t, const windowed_attention& attention,
+                       trace::sink& sink, scope* arena) {
+  if (compressed_kv_cache_store* codes = codes_of(store, t.gather)) {
+    const std::size_t p = codes->append(layer, t.k, t.v);
+    const std::size_t from = window_from(p, window, codes->options().keep);
+    compressed_kv_attention(attention_options{&sink}).decode_step(
+        t.q, codes->compressed_key_window(layer, from, p + 1),
+        codes->compressed_value_window(layer, from, p + 1), t.out, t.scale, t.sinks);
+    return;
+  }
+  const auto [keys, values] = append_and_window(store, layer, t.k, t.v, window, *arena);
+  if (t.gather)
+    attention.decode_step_gathered(t.q, keys, values, t.out, *arena, t.scale, t.sinks);
+  else
+    attention.decode_step(t.q, keys, values, t.out, t.scale, t.sinks);
+  hold_window_copies(*arena, store.config(), window);
+}
+
 }  // namespace ringkv::detail

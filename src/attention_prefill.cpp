@@ -155,18 +155,18 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
   const std::size_t read = queries.size_bytes() + keys.size_bytes() + values.size_bytes();
   detail::traced(*sink_, "attention.prefill", read, out.size_bytes(), [&] {
     if (fast == nullptr) {
-      // A store whose rows may change on the way in (compressed) or out: the decode loop itself,
-      // its arena sized at once for the copies of the full window, not grown as it fills.
-      if (!options.arena) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
-      for (std::size_t i = 0; i < s.tokens; ++i) {
-        const auto [k, v] = detail::append_and_window(store, layer,
-                                                      keys.subspan(i * s.kv_row, s.kv_row),
-                                                      values.subspan(i * s.kv_row, s.kv_row),
-                                                      s.window, arena());
-        kernels::decode(queries.subspan(i * s.q_row, s.q_row), k, v,
-                        out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
-        detail::hold_window_copies(arena(), c, s.window);
-      }
+      // A store whose rows may change on the way in (compressed) or out: the decode stream's
+      // own loop, token by token; a store whose windows copy gets an arena sized at once for
+      // the copies of the full window, not grown as it fills.
+      const bool codes = detail::codes_of(store, false) != nullptr;  // no arena needed
+      if (!options.arena && !codes) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
+      for (std::size_t i = 0; i < s.tokens; ++i)
+        detail::append_and_attend(
+            store, layer, s.window,
+            {queries.subspan(i * s.q_row, s.q_row), keys.subspan(i * s.kv_row, s.kv_row),
+             values.subspan(i * s.kv_row, s.kv_row), out.subspan(i * s.q_row, s.q_row), s.scale,
+             options.sinks},
+            *this, *sink_, codes ? nullptr : &arena());
       return;
     }
     const auto [held_k, held_v] = held_windows(*fast, layer, s.window);

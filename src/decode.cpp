@@ -39,13 +39,9 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
 
 void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
                 const decode_options& o, std::size_t window, const windowed_attention& attention,
-                scope& arena, std::span<float> out) {
-  const auto [keys, values] = append_and_window(store, layer, t.k, t.v, window, arena);
-  if (o.gather)
-    attention.decode_step_gathered(t.q, keys, values, out, arena, o.scale, o.sinks);
-  else
-    attention.decode_step(t.q, keys, values, out, o.scale, o.sinks);
-  hold_window_copies(arena, store.config(), window);
+                trace::sink& sink, scope& arena, std::span<float> out) {
+  append_and_attend(store, layer, window, {t.q, t.k, t.v, out, o.scale, o.sinks, o.gather},
+                    attention, sink, &arena);
 }
 
 }  // namespace ringkv::detail

@@ -18,6 +18,8 @@
 
 import ringkv;
 
+#include "copying_store.hpp"
+
 namespace trace = ringkv::trace;
 
 namespace {
@@ -247,7 +249,7 @@ BOOST_AUTO_TEST_CASE(a_thousand_tokens_on_a_wrapped_ring_allocate_nothing_after_
   BOOST_TEST(store.window_start(0) == 1001u - 64u);
 }
 
-// A store whose windows are copies (compressed: dequantized into the stream's arena) and the
+// A store whose windows are copies (a user's store that cannot hand out its rows) and the
 // gather option copy a window that grows token by token until the ring is full: the arena takes
 // the full window's size once, at the first token, not a larger slab at every token.
 BOOST_AUTO_TEST_CASE(a_stream_whose_windows_copy_allocates_nothing_after_the_first_token) {
@@ -256,16 +258,45 @@ BOOST_AUTO_TEST_CASE(a_stream_whose_windows_copy_allocates_nothing_after_the_fir
   for (const bool gather : {false, true}) {
     BOOST_TEST_CONTEXT("gather " << gather) {
       trace::recorder rec(4096);
-      ringkv::int8_kv_cache_store compressed(c, {.sliding_window = true}, rec);
+      store_test::copying_store copying(c, {.sliding_window = true}, rec);
       auto plain = ring(2, 16, 40, rec);
       ringkv::kv_cache_store& store = gather ? static_cast<ringkv::kv_cache_store&>(plain)
-                                             : compressed;
+                                             : copying;
       auto stream = ringkv::decode(store, 0, data.tokens, {.gather = gather}, rec);
       BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 99u);
       BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 100);
       BOOST_TEST(store.window_start(0) == 100u - 40u);
     }
   }
+}
+
+// A compressed store is attended from its codes (compressed_kv_attention), as a caller would by
+// hand: no dequantized copy, no allocation after the first token, the same bits.
+BOOST_AUTO_TEST_CASE(a_stream_over_a_compressed_store_attends_its_codes_without_a_copy) {
+  token_data data(90, 4, 2, 32, 24);
+  const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = 32, .capacity = 40};
+  const ringkv::turboquant_options tq{.key_bits = 4, .value_bits = 3, .qjl = true};
+  const ringkv::store_options ring_with_sinks{.sliding_window = true, .keep = 2};
+  trace::recorder rec(4096);
+  ringkv::turboquant_kv_cache_store streamed(c, tq, ring_with_sinks, rec);
+  ringkv::turboquant_kv_cache_store by_hand(c, tq, ring_with_sinks);
+  const ringkv::compressed_kv_attention attention;
+  std::vector<float> want(data.q_width);
+  std::size_t t = 0;
+  for (std::span<const float> row : ringkv::decode(streamed, 0, data.tokens)) {
+    const std::size_t p = by_hand.append(0, data.tokens[t].k, data.tokens[t].v);
+    const std::size_t from = p + 1 > 40 ? p + 1 - (40 - 2) : 0;  // window 40, 2 pinned
+    attention.decode_step(data.tokens[t].q, by_hand.compressed_key_window(0, from, p + 1),
+                          by_hand.compressed_value_window(0, from, p + 1), want);
+    BOOST_REQUIRE(std::memcmp(row.data(), want.data(), want.size() * sizeof(float)) == 0);
+    ++t;
+  }
+  BOOST_TEST(t == 90u);
+  BOOST_TEST(streamed.window_start(0) == 90u - 38u);
+  ringkv::turboquant_kv_cache_store traced(c, tq, ring_with_sinks, rec);
+  auto stream = ringkv::decode(traced, 0, data.tokens, {}, rec);
+  BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 89u);
+  BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(the_gather_option_copies_each_window_and_says_so_in_the_trace) {

@@ -19,6 +19,7 @@
 import ringkv;
 
 #include "store_support.hpp"
+#include "copying_store.hpp"
 
 namespace trace = ringkv::trace;
 
@@ -294,24 +295,48 @@ BOOST_AUTO_TEST_CASE(a_smaller_window_than_the_ring_holds_is_honoured) {
   BOOST_TEST(worst < 2e-6);
 }
 
-BOOST_AUTO_TEST_CASE(a_compressed_store_gets_the_token_by_token_loop) {
+// A compressed store gets the decode stream's own loop: token by token, attended straight from
+// its codes (compressed_kv_attention) — the stream's bits, and no copy or allocation on the way.
+BOOST_AUTO_TEST_CASE(a_compressed_prefill_is_the_decode_stream_over_its_codes) {
   const prompt p(30, 2, 9);
   const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 10};
-  ringkv::int8_kv_cache_store a(c, {.sliding_window = true}), b(c, {.sliding_window = true});
-  const auto want = token_by_token(a, p, 0, 30);
-  const auto got = prefilled(b, p, 0, 30);
-  BOOST_TEST(same_bits(got, want));
-  BOOST_TEST(b.length(0) == 30u);
+  const ringkv::store_options o{.sliding_window = true, .keep = 1};
+  const auto stream_of = [&](ringkv::kv_cache_store& store) {
+    std::vector<ringkv::token_qkv> tokens;
+    for (std::size_t i = 0; i < 30; ++i) tokens.push_back({p.qs(i, 1), p.ks(i, 1), p.vs(i, 1)});
+    std::vector<float> rows;
+    for (std::span<const float> row : ringkv::decode(store, 0, tokens))
+      rows.insert(rows.end(), row.begin(), row.end());
+    return rows;
+  };
+  const auto check = [&](ringkv::kv_cache_store& streamed, ringkv::kv_cache_store& prefill,
+                         trace::recorder& rec) {
+    const auto want = stream_of(streamed);
+    rec.clear();
+    const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
+    std::vector<float> got(30 * p.q_row);
+    attention.prefill(prefill, 0, p.qs(0, 30), p.ks(0, 30), p.vs(0, 30), got);
+    BOOST_TEST(same_bits(got, want));
+    BOOST_TEST(prefill.length(0) == 30u);
+    BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 0);
+    BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+  };
+  trace::recorder rec(1024);
+  ringkv::int8_kv_cache_store i8_a(c, o), i8_b(c, o, rec);
+  check(i8_a, i8_b, rec);
+  const ringkv::turboquant_options tq{.key_bits = 3, .value_bits = 4, .qjl = true};
+  ringkv::turboquant_kv_cache_store tq_a(c, tq, o), tq_b(c, tq, o, rec);
+  check(tq_a, tq_b, rec);
 }
 
-// The token-by-token loop copies each token's window (dequantized) into the prefill's own arena;
-// while the ring fills, that window grows by a row a token: the arena takes the full window's
-// size once instead of a larger slab at every token.
-BOOST_AUTO_TEST_CASE(a_compressed_prefill_sizes_its_arena_once_not_at_every_token) {
+// A store whose windows are copies gets the same loop, each token's window copied into the
+// prefill's own arena; while the ring fills, that window grows by a row a token: the arena
+// takes the full window's size once instead of a larger slab at every token.
+BOOST_AUTO_TEST_CASE(a_prefill_over_a_store_whose_windows_copy_sizes_its_arena_once) {
   const prompt p(100, 2, 23);
   const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 40};
   trace::recorder rec(4096);
-  ringkv::int8_kv_cache_store store(c, {.sliding_window = true}, rec);
+  store_test::copying_store store(c, {.sliding_window = true}, rec);
   const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
   std::vector<float> out(100 * p.q_row);
   attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100), out);
