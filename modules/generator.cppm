@@ -4,7 +4,8 @@
 // and range-v3 0.12's generator does not work with standard C++20 coroutines. Where the standard
 // library has std::generator (__cpp_lib_generator), ringkv::generator is still this class, so the
 // behaviour (references to the yielded value, lazy increments, exceptions out of the operation
-// that runs the body: begin(), *, -> or == end) stays the same everywhere. Kept small on purpose: one element type, no recursive yield, no allocator.
+// that runs the body: begin(), *, -> or == end) stays the same everywhere. Kept small on purpose:
+// one element type, no recursive yield, no allocator.
 module;
 #include <coroutine>
 #include <cstddef>
