@@ -184,14 +184,14 @@ struct token_step {
 
 /// What the decode stream and prefill over a store other than default_kv_cache_store do per
 /// token: appends t.k and t.v to `layer`, then attends t.q over the `window` positions the token
-/// sees into t.out — a compressed store's codes directly (codes_of), any other store through the
-/// windows it hands out (a store whose windows copy, or t.gather, copies into `arena`, held at
-/// the full window's size by hold_window_copies; null only where codes_of applies). Every check
-/// is the caller's, made before: a refusal here would come after the append.
-/// O(window · q_heads · head_dim), plus the copies.
-void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
-                       const token_step& t, const windowed_attention& attention,
-                       trace::sink& sink, scope* arena);
+/// sees into t.out — from the codes when `codes` (codes_of(store, t.gather), which the caller
+/// finds once for all its tokens) is not null, else through the windows `store` hands out (a
+/// store whose windows copy, or t.gather, copies into `arena`, held at the full window's size by
+/// hold_window_copies; null only with `codes`). Every check is the caller's, made before: a
+/// refusal here would come after the append. O(window · q_heads · head_dim), plus the copies.
+void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes,
+                       std::size_t layer, std::size_t window, const token_step& t,
+                       const windowed_attention& attention, trace::sink& sink, scope* arena);
 
 }  // namespace ringkv::detail
 

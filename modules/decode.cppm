@@ -32,11 +32,13 @@ namespace detail {
 std::size_t check_decode(const kv_cache_store& store, std::size_t layer, const decode_options& o);
 /// Checks one token against the store's geometry before anything is appended.
 void check_token(const kv_cache_store& store, const token_qkv& t, const decode_options& o);
-/// Appends one token and attends it (append_and_attend); `out` is the output row. Allocates
-/// only when the arena must first hold the window's copies (hold_window_copies).
-void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
-                const decode_options& o, std::size_t window, const windowed_attention& attention,
-                trace::sink& sink, scope& arena, std::span<float> out);
+/// Appends one token and attends it (append_and_attend; `codes`: codes_of(store, o.gather));
+/// `out` is the output row. Allocates only when the arena must first hold the window's copies
+/// (hold_window_copies).
+void decode_one(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
+                const token_qkv& t, const decode_options& o, std::size_t window,
+                const windowed_attention& attention, trace::sink& sink, scope& arena,
+                std::span<float> out);
 
 template <class R>
 R& unwrap(R& r) noexcept { return r; }
@@ -48,6 +50,7 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
                                                 Source tokens, decode_options opts,
                                                 std::size_t window, trace::sink& sink) {
   windowed_attention attention(attention_options{&sink, opts.pool});
+  compressed_kv_cache_store* const codes = codes_of(store, opts.gather);  // once, not per token
   scope arena(64, sink);  // grows only for stores whose windows copy (or with .gather)
   storage row;            // [q_heads * head_dim] the output row, sized by the first token
   std::span<float> out;
@@ -60,7 +63,7 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
       const std::size_t dim = store.config().head_dim;
       attention.reserve(t.q.size() / dim, dim, window);  // with a pool: its scratch, once
     }
-    decode_one(store, layer, t, opts, window, attention, sink, arena, out);
+    decode_one(store, codes, layer, t, opts, window, attention, sink, arena, out);
     co_yield std::span<const float>(out);
   }
 }

@@ -159,10 +159,10 @@ compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept
              : nullptr;
 }
 
-void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
-                       const token_step& t, const windowed_attention& attention,
-                       trace::sink& sink, scope* arena) {
-  if (compressed_kv_cache_store* codes = codes_of(store, t.gather)) {
+void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes,
+                       std::size_t layer, std::size_t window, const token_step& t,
+                       const windowed_attention& attention, trace::sink& sink, scope* arena) {
+  if (codes != nullptr) {
     const std::size_t p = codes->append(layer, t.k, t.v);
     const std::size_t from = window_from(p, window, codes->options().keep);
     compressed_kv_attention(attention_options{&sink}).decode_step(

@@ -158,11 +158,11 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
       // A store whose rows may change on the way in (compressed) or out: the decode stream's
       // own loop, token by token; a store whose windows copy gets an arena sized at once for
       // the copies of the full window, not grown as it fills.
-      const bool codes = detail::codes_of(store, false) != nullptr;  // no arena needed
+      compressed_kv_cache_store* codes = detail::codes_of(store, false);  // then no arena
       if (!options.arena && !codes) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
       for (std::size_t i = 0; i < s.tokens; ++i)
         detail::append_and_attend(
-            store, layer, s.window,
+            store, codes, layer, s.window,
             {queries.subspan(i * s.q_row, s.q_row), keys.subspan(i * s.kv_row, s.kv_row),
              values.subspan(i * s.kv_row, s.kv_row), out.subspan(i * s.q_row, s.q_row), s.scale,
              options.sinks},

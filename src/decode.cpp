@@ -37,11 +37,12 @@ void check_token(const kv_cache_store& store, const token_qkv& t, const decode_o
   kernels::check_sinks("ringkv::decode", o.sinks, q / c.head_dim);
 }
 
-void decode_one(kv_cache_store& store, std::size_t layer, const token_qkv& t,
-                const decode_options& o, std::size_t window, const windowed_attention& attention,
-                trace::sink& sink, scope& arena, std::span<float> out) {
-  append_and_attend(store, layer, window, {t.q, t.k, t.v, out, o.scale, o.sinks, o.gather},
-                    attention, sink, &arena);
+void decode_one(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
+                const token_qkv& t, const decode_options& o, std::size_t window,
+                const windowed_attention& attention, trace::sink& sink, scope& arena,
+                std::span<float> out) {
+  append_and_attend(store, codes, layer, window,
+                    {t.q, t.k, t.v, out, o.scale, o.sinks, o.gather}, attention, sink, &arena);
 }
 
 }  // namespace ringkv::detail
