@@ -6,6 +6,10 @@
 //             roof2 / roof16_2 are the streaming reads split the same way, its x_roof's base
 //   gathered  ringkv: decode_step_gathered (copy both runs into a scope, then attend one run)
 //   scalar    a plain two-pass softmax (scores, then exp and V) per query head, scalar code
+//   ggml, ggml2  ggml's CPU flash-attention decode loop re-written (ggml_style.h: per query head
+//             and position a SIMD dot, a scalar online-softmax update, a SIMD multiply-add of
+//             the V row), on 1 thread and on 2 (query heads split across the pool, as ggml
+//             splits its rows): ggml's algorithm measured in the same minutes as ringkv
 //   roof16    a streaming read of the same K+V stored at 2 bytes an element (f16 or bf16)
 //   pair_f16, pair_bf16, pair2_f16  the pair path over K/V stored as f16 / bf16 (promoted in registers,
 //             f32 accumulation); their x_roof is against roof16
@@ -33,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ggml_style.h"
 #include "stream_read.h"
 
 import ringkv;
@@ -253,6 +258,43 @@ void scalar(benchmark::State& state, shape s) {
   measure(state, s, [&] { scalar_two_pass(l.query(), k, v, l.out(), l.scores(), shape::q_heads); });
 }
 
+/// The window's runs as ggml_style_decode reads them: K and V runs of the same positions.
+std::vector<ringkv_bench::ggml_run> ggml_runs(const windowed_kv& k, const windowed_kv& v) {
+  std::vector<ringkv_bench::ggml_run> runs;
+  for (std::size_t r = 0; r < k.runs().size(); ++r) {
+    const ringkv::tensor_view &kr = k.runs()[r], &vr = v.runs()[r];
+    runs.push_back({kr.row<float>(0, 0).data(), vr.row<float>(0, 0).data(), kr.positions(),
+                    kr.head_stride()});
+  }
+  return runs;
+}
+
+void ggml(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const windowed_kv k = l.keys(), v = l.values();
+  const auto runs = ggml_runs(k, v);
+  const std::size_t group = shape::q_heads / s.kv_heads, share = shape::q_heads / s.threads;
+  const float scale = 1.0f / std::sqrt(float(s.dim));
+  std::vector<float> acc(s.threads * 4096);  // [threads, dim], a page apart
+  const auto heads = [&](std::size_t t) {
+    ringkv_bench::ggml_style_decode(l.query().data(), t * share, (t + 1) * share, group, s.dim,
+                                    runs, scale, l.out().data(), acc.data() + t * 4096);
+  };
+  // A baseline that computed something else would measure nothing: its rows must be ringkv's
+  // within f32 rounding of a different summation order.
+  for (std::size_t t = 0; t < s.threads; ++t) heads(t);
+  std::vector<float> expected(l.out().size());
+  ringkv::windowed_attention().decode_step(l.query(), k, v, expected);
+  float worst = 0, largest = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    worst = std::max(worst, std::abs(expected[i] - l.out()[i]));
+    largest = std::max(largest, std::abs(expected[i]));
+  }
+  if (!(worst <= 1e-4f * largest)) return state.SkipWithError("ggml_style_decode disagrees with ringkv");
+  if (s.threads == 1) return measure(state, s, [&] { heads(0); });
+  measure(state, s, [&] { pool_of_two().parallel_for(2, heads); });
+}
+
 /// The windows to measure: RINGKV_BENCH_WINDOWS (positions, comma-separated, e.g.
 /// "256,1024,2048,4096") or the issues' grid; refuses a list it cannot read.
 std::vector<std::size_t> windows() {
@@ -280,7 +322,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using variant = std::tuple<const char*, void (*)(benchmark::State&, shape), dtype, std::size_t>;
   // roof16 reads the f16 layer: f16 and bf16 rows are the same bytes.
-  constexpr std::array<variant, 11> variants{{{"roof", roof, dtype::f32, 1},
+  constexpr std::array<variant, 13> variants{{{"roof", roof, dtype::f32, 1},
                                               {"pair", pair, dtype::f32, 1},
                                               {"gathered", gathered, dtype::f32, 1},
                                               {"scalar", scalar, dtype::f32, 1},
@@ -290,7 +332,9 @@ int main(int argc, char** argv) {
                                               {"pair_f16", pair, dtype::f16, 1},
                                               {"roof16_2", roof, dtype::f16, 2},
                                               {"pair2_f16", pair2, dtype::f16, 2},
-                                              {"pair_bf16", pair, dtype::bf16, 1}}};
+                                              {"pair_bf16", pair, dtype::bf16, 1},
+                                              {"ggml", ggml, dtype::f32, 1},
+                                              {"ggml2", ggml, dtype::f32, 2}}};
   std::vector<std::size_t> grid_windows;
   try {
     grid_windows = windows();

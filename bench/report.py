@@ -35,9 +35,13 @@ VARIANTS = [
     ("pair_bf16", "ringkv bf16", 1, None),
     ("tq4", "ringkv 4-bit TurboQuant", 1, None),
     ("scalar", "scalar two-pass f32", 1, None),
+    ("ggml", "ggml's loop f32 (same run)", 1, None),
     ("pair2", "ringkv f32", 2, "f32"),
     ("pair2_f16", "ringkv f16", 2, "f16"),
+    ("ggml2", "ggml's loop f32 (same run)", 2, None),
 ]
+# ringkv's f32 step and ggml's loop re-written (bench/ggml_style.h), by threads: the last column.
+PORT = {1: ("pair", "ggml"), 2: ("pair2", "ggml2")}
 ROOF = {1: "roof", 2: "roof2"}
 
 
@@ -103,8 +107,9 @@ def table(runs, threads):
     shapes = sorted({k[:3] for k in runs}, key=lambda s: (s[0], s[1], -s[2]))
     cols = [v for v in VARIANTS if v[2] == threads and any(k[3] == v[0] for k in runs)]
     lines = ["| D | W | kv | f32 K+V MB | roof µs (GB/s) | " +
-             " | ".join(f"{label} µs (× roof, GB/s)" for _, label, _, _ in cols) + " | ggml f32 / f16 µs |",
-             "| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: |"]
+             " | ".join(f"{label} µs (× roof, GB/s)" for _, label, _, _ in cols) +
+             " | ggml f32 / f16 µs | ringkv f32 over ggml's loop |",
+             "| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " | ---: | ---: |"]
     for d, w, kv in shapes:
         roof = runs.get((d, w, kv, ROOF[threads]))
         if not roof:
@@ -117,9 +122,11 @@ def table(runs, threads):
             cells.append(cell(runs.get((d, w, kv, name)), runs.get((d, w, kv, roof_name)) if roof_name else None,
                               g[thr - 1] if g else None))
         ggml_text = " / ".join(f"{g[threads - 1]:,.0f}" if g else "–" for g in ggml.values())
+        ours, port = (runs.get((d, w, kv, name)) for name in PORT[threads])
+        port_text = f"{micros(port) / micros(ours):.2f}×" if ours and port else "–"
         lines.append(f"| {d} | {w} | {kv} | {roof['kv_bytes'] / 1e6:.1f} | "
                      f"{micros(roof):,.1f} ({roof['kv_bytes'] / micros(roof) / 1e3:.0f}) | "
-                     + " | ".join(cells) + f" | {ggml_text} |")
+                     + " | ".join(cells) + f" | {ggml_text} | {port_text} |")
     return "\n".join(lines)
 
 
@@ -167,7 +174,8 @@ def main(argv):
     print(f"{context.get('num_cpus', '?')} CPUs at {context.get('mhz_per_cpu', '?')} MHz, load average "
           f"{[round(x, 2) for x in context.get('load_avg', [])]}; fastest of the repetitions. Cells: µs per "
           "step (× the fastest streaming read of the variant's own bytes with as many threads in the same run; "
-          "unique bytes per second); bold: speed-up over ggml's figure for the same shape and threads. "
+          "unique bytes per second); bold: speed-up over ggml's figure for the same shape and threads; "
+          "last column: ggml's loop re-written (bench/ggml_style.h) ÷ ringkv f32, same run. "
           "roof: the f32 bytes' streaming read.\n")
     print("### 1 thread\n")
     print(table(runs, 1))
