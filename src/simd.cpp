@@ -21,7 +21,10 @@ namespace ringkv::simd::HWY_NAMESPACE {
 template <class Loader>
 HWY_NOINLINE void AttendRows(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
-  AttendRange<Loader>(p, c, from, to, s);
+  if (p.pipelined && c.count == 1)
+    PipelineBlocks<Loader>(p, c, from, to, s);
+  else
+    AttendRange<Loader>(p, c, from, to, s);
 }
 
 template <class Loader>

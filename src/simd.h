@@ -35,6 +35,17 @@ inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // thread reads prefetch_min_bytes to dense_prefetch_max_bytes (rows likely in the L3).
 inline constexpr std::size_t side_by_side_heads = 4;
 inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
+// With one query head per kv head, f32 rows of at least this many bytes and at least
+// prefetch_min_bytes a thread (rows from the L3 or memory), a chunk reads its rows pipelined
+// (PipelineBlocks) instead of in blocks with software prefetch. Measured in one binary (10
+// interleaved repetitions, fastest / median µs, D 128 / kv 8): W 2048 (16 MiB) 411 / 459
+// against 475 / 496, on 2 threads 198 / 224 against 249 / 274; W 4096 1,250 / 1,572 against
+// 1,140 / 1,508, on 2 threads 623 / 742 against 665 / 762; W 8192 2,932 / 3,136 against
+// 3,460 / 4,233; W 32768 13,041 / 13,885 against 15,019 / 18,506. Not at D 64 (W 4096 549 / 619
+// against 549 / 570, W 32768 6,999 / 7,205 against 6,858 / 7,316), nor for f16 rows, whose
+// promotion makes a row's work longer (D 128 / W 4096 785 / 833 against 648 / 673, D 64 /
+// W 4096 479 / 487 against 257 / 272), nor in the caches (D 128 / W 256 ~49 against ~41).
+inline constexpr std::size_t pipelined_min_row_bytes = 512;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;
@@ -84,6 +95,9 @@ struct problem {
   // Whether a step with one query head per kv head takes side_by_side_heads kv heads at a time
   // (see plan_reads); decided with `prefetch`.
   bool side_by_side = false;
+  // Whether a one-query-head chunk reads its rows software-pipelined (PipelineBlocks: the next
+  // block's K rows between this block's V rows) instead of block by block (see plan_reads).
+  bool pipelined = false;
 };
 
 /// Bytes of one element of a row of type `type`; O(1).
@@ -113,7 +127,7 @@ inline bool uniform_head_stride(const window& w) {
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
-/// p.prefetch (prefetch_walk_for) and p.side_by_side; O(runs).
+/// p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
   p.prefetch = prefetch_walk_for(p, bytes, per_thread);
@@ -125,6 +139,9 @@ inline void plan_reads(problem& p, std::size_t threads) {
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= prefetch_min_bytes &&
                      per_thread <= dense_prefetch_max_bytes));
+  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
+                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes;
+  if (p.pipelined) p.side_by_side = false;
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores

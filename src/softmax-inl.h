@@ -379,6 +379,83 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       });
 }
 
+/// A block of one head's V rows folded in row by row: acc ← acc · r + Σ_j p_j · v_j, the sum
+/// a chain per element from zero in `sum` ([padded_dim], in L1) instead of in registers — the
+/// same operations per element as AccumulateRest's tiles, so the same bits — while `also(j)`
+/// runs between rows (PipelineBlocks scores the next block's rows there).
+template <class Loader, class Also>
+HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
+                                   const block_rows& b, std::size_t rows, float r, float* acc,
+                                   float* HWY_RESTRICT sum, Also&& also) {
+  const std::size_t N = hn::Lanes(d), whole = head_dim / N * N;
+  for (std::size_t i = 0; i < head_dim; i += N) hn::Store(hn::Zero(d), d, sum + i);
+  for (std::size_t j = 0; j < rows; ++j) {
+    also(j);
+    if (j >= b.n) continue;
+    const VF w = hn::Set(d, p[j]);
+    for (std::size_t i = 0; i < whole; i += N)
+      hn::Store(hn::MulAdd(w, Loader::load(d, b.v[j], i), hn::Load(d, sum + i)), d, sum + i);
+    if (whole < head_dim)
+      hn::Store(hn::MulAdd(w, Loader::load_tail(d, b.v[j], whole, head_dim - whole),
+                           hn::Load(d, sum + whole)),
+                d, sum + whole);
+  }
+  const VF vr = hn::Set(d, r);
+  for (std::size_t i = 0; i < whole; i += N) Fold(d, acc + i, vr, hn::Load(d, sum + i));
+  if (whole < head_dim)
+    StorePartial(d, hn::MulAdd(LoadPartial(d, acc + whole, head_dim - whole), vr,
+                               hn::Load(d, sum + whole)),
+                 acc + whole, head_dim - whole);
+}
+
+/// As AttendRange for a chunk of one query head whose rows come from the L3 or memory (p.pipelined,
+/// see pipelined_min_row_bytes): software-pipelined, each row of the next block's K read between
+/// two rows of this block's V, so both arrays are read as two steady streams a row at a time —
+/// the order a plain per-position loop (ggml's) reads them in, which the hardware prefetchers
+/// follow with no software prefetch; block by block, without software prefetch, the same step
+/// took 1.6× as long (D 128 / W 4096 / kv 8). The arithmetic per block is AttendRange's
+/// (Score1x1's chains, ExpBlock, the V rows folded in as AccumulateRest folds them), so the bits
+/// are the same.
+template <class Loader>
+HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
+                               std::size_t to, const state& s) {
+  const DF d;
+  const std::size_t hi = std::min(to, WindowEnd(p.keys)), dim = p.head_dim;
+  HWY_ALIGN float scores[2][block_positions];  // this block's weights, the next block's scores
+  HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
+  block_rows rows[2];
+  std::size_t pos = NextPosition(p.keys, from);
+  if (pos >= hi) return;
+  std::size_t end = BlockEnd(pos, hi), now = 0;
+  const auto collect = [&](std::size_t i, std::size_t lo, std::size_t up) {
+    rows[i].n = CollectRows(p.keys, c.kv_head, lo, up, rows[i].k);
+    CollectRows(p.values, c.kv_head, lo, up, rows[i].v);
+    std::fill(scores[i] + rows[i].n, scores[i] + block_positions, minus_infinity);
+  };
+  collect(0, pos, end);
+  for (std::size_t j = 0; j < rows[0].n; ++j)
+    scores[0][j] = Score1x1<Loader>(d, c.q, rows[0].k[j], dim, 0);
+  for (;;) {
+    chunk block = c;
+    block.scores = scores[now];
+    ExpBlock(block, s);
+    const std::size_t next = NextPosition(p.keys, end), later = now ^ 1;
+    block_rows& ahead = rows[later];
+    ahead.n = 0;
+    if (next < hi) {
+      end = BlockEnd(next, hi);
+      collect(later, next, end);
+    }
+    AccumulateRowByRow<Loader>(d, dim, scores[now], rows[now], std::max(rows[now].n, ahead.n),
+                               c.rescale[0], s.acc, sum, [&](std::size_t j) {
+                                 if (j < ahead.n)
+                                   scores[later][j] = Score1x1<Loader>(d, c.q, ahead.k[j], dim, 0);
+                               });
+    if (ahead.n == 0) return;
+    now = later;
+  }
+}
+
 /// As AttendRange when each query head has its own kv head (GQA 1) and p.side_by_side (see
 /// plan_reads): chunk head h reads kv head c.kv_head + h. Alone, such a head's block ran its
 /// softmax step as a chain of one-lane operations with little else to overlap it; side by

@@ -210,6 +210,18 @@ class reference_attention {
   std::vector<double> k_, v_;        // [head_dim] the rows of the position being added
 };
 
+/// The window of kv head h alone: the same runs and positions, one head each.
+windowed_kv one_head(const windowed_kv& w, std::size_t h) {
+  std::array<kv_run, 3> runs{};
+  for (std::size_t r = 0; r < w.runs().size(); ++r) {
+    const tensor_view& t = w.runs()[r];
+    runs[r] = {tensor_view(t.row_bytes(h, 0), t.type(), 1, t.positions(), t.head_dim(),
+                           t.head_stride(), t.position_stride()),
+               w.run_first_position(r)};
+  }
+  return windowed_kv(std::span<const kv_run>(runs.data(), w.runs().size()));
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -563,20 +575,48 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
     for_each_target([&](const char* target) {
       attention.decode_step(query, k, v, all);
       for (std::size_t h = 0; h < hs.q; ++h) {
-        std::array<kv_run, 3> kr{}, vr{};
-        for (std::size_t r = 0; r < k.runs().size(); ++r) {
-          auto head_of = [&](const tensor_view& t) {
-            return tensor_view(t.row_bytes(h / (hs.q / hs.kv), 0), t.type(), 1, t.positions(),
-                               hs.dim, t.head_stride(), t.position_stride());
-          };
-          kr[r] = {head_of(k.runs()[r]), k.run_first_position(r)};
-          vr[r] = {head_of(v.runs()[r]), v.run_first_position(r)};
-        }
-        const windowed_kv kh(std::span<const kv_run>(kr.data(), k.runs().size()));
-        const windowed_kv vh(std::span<const kv_run>(vr.data(), v.runs().size()));
-        attention.decode_step(std::span(query).subspan(h * hs.dim, hs.dim), kh, vh, one);
+        const std::size_t kv_head = h / (hs.q / hs.kv);
+        attention.decode_step(std::span(query).subspan(h * hs.dim, hs.dim), one_head(k, kv_head),
+                              one_head(v, kv_head), one);
         BOOST_TEST(std::memcmp(one.data(), all.data() + h * hs.dim, hs.dim * sizeof(float)) == 0,
                    target << ", " << hs.q << "/" << hs.kv << " heads, head " << h);
+      }
+    });
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_bits_read_in_blocks) {
+  // One query head per kv head, f32 rows of at least 512 bytes and at least 8 MiB of K and V:
+  // the kernel reads each head's rows pipelined (the next block's K rows between this block's
+  // V rows, the block's V sum kept in memory). A head alone (1.1 MB) is read block by block.
+  // The bits must be the same, on every target, with a tail (D 130 is not whole vectors), with
+  // pinned positions (a gap in the window) and across segments (W 1100).
+  struct layout {
+    std::size_t dim, keep;
+  };
+  constexpr std::size_t kv = 8, w = 1100, end = 3000;
+  const windowed_attention attention;
+  for (const layout& l : {layout{128, 0}, layout{130, 0}, layout{130, 5}}) {
+    ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
+    ring.append_until(end);
+    const bool pinned = l.keep > 0;
+    const windowed_kv k = ring.keys(end - w + l.keep, end, pinned);
+    const windowed_kv v = ring.values(end - w + l.keep, end, pinned);
+    BOOST_REQUIRE(k.wrapped());
+    BOOST_REQUIRE(2 * kv * w * l.dim * sizeof(float) >= std::size_t(8) << 20);  // the 8 MiB rule
+    const auto query = make_query(kv, l.dim, 15);
+    reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
+    if (pinned) ref.add(0, l.keep);
+    ref.add(end - w + l.keep, end);
+    std::vector<float> all(kv * l.dim), one(l.dim);
+    for_each_target([&](const char* target) {
+      attention.decode_step(query, k, v, all);
+      BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " D " << l.dim);  // see relative_error
+      for (std::size_t h = 0; h < kv; ++h) {
+        attention.decode_step(std::span(query).subspan(h * l.dim, l.dim), one_head(k, h),
+                              one_head(v, h), one);
+        BOOST_TEST(std::memcmp(one.data(), all.data() + h * l.dim, l.dim * sizeof(float)) == 0,
+                   target << ", D " << l.dim << ", keep " << l.keep << ", head " << h);
       }
     });
   }
