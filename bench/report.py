@@ -158,7 +158,8 @@ def plot(runs, out_dir):
             plots = []
             for j, (name, label) in enumerate(series):
                 index = i * len(series) + j
-                plots.append(f"'{data}' index {index} using 1:{col} with linespoints title '{label}'")
+                title = label.replace("'", "''")  # a quote doubled inside gnuplot's '…'
+                plots.append(f"'{data}' index {index} using 1:{col} with linespoints title '{title}'")
             script.append("plot " + ", \\\n  ".join(plots))
     script.append("unset multiplot")
     subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
