@@ -148,6 +148,11 @@ HWY_INLINE void Fold(DF d, float* acc, VF r, VF a) {
   hn::StoreU(hn::MulAdd(hn::LoadU(d, acc), r, a), d, acc);
 }
 
+/// Fold for the row's last n (< Lanes) elements: touches nothing past acc + n.
+HWY_INLINE void FoldPartial(DF d, float* acc, VF r, VF a, std::size_t n) {
+  StorePartial(d, hn::MulAdd(LoadPartial(d, acc, n), r, a), acc, n);
+}
+
 HWY_INLINE void Fold4(DF d, float* acc, VF r, VF a0, VF a1, VF a2, VF a3) {
   const std::size_t N = hn::Lanes(d);
   Fold(d, acc, r, a0);
@@ -236,8 +241,8 @@ HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const
     Fold(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, vector_at<Loader>{d, skip + i}));
   if (i < head_dim) {
     const std::size_t n = head_dim - i;
-    const VF a = AccumulateOne(d, p, b, tail_at<Loader>{d, skip + i, n});
-    StorePartial(d, hn::MulAdd(LoadPartial(d, acc + i, n), hn::Set(d, r), a), acc + i, n);
+    FoldPartial(d, acc + i, hn::Set(d, r), AccumulateOne(d, p, b, tail_at<Loader>{d, skip + i, n}),
+                n);
   }
 }
 
@@ -403,9 +408,7 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
   const VF vr = hn::Set(d, r);
   for (std::size_t i = 0; i < whole; i += N) Fold(d, acc + i, vr, hn::Load(d, sum + i));
   if (whole < head_dim)
-    StorePartial(d, hn::MulAdd(LoadPartial(d, acc + whole, head_dim - whole), vr,
-                               hn::Load(d, sum + whole)),
-                 acc + whole, head_dim - whole);
+    FoldPartial(d, acc + whole, vr, hn::Load(d, sum + whole), head_dim - whole);
 }
 
 /// As AttendRange for a chunk of one query head whose rows come from the L3 or memory (p.pipelined,
