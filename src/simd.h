@@ -134,14 +134,13 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
   const bool fits_l1 =
       side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
-  p.side_by_side = p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
+  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
+                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes;
+  p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
                    uniform_head_stride(p.values) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= prefetch_min_bytes &&
                      per_thread <= dense_prefetch_max_bytes));
-  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
-                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes;
-  if (p.pipelined) p.side_by_side = false;
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores
