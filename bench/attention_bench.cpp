@@ -13,6 +13,11 @@
 //             and position a SIMD dot, a scalar online-softmax update, a SIMD multiply-add of
 //             the V row), on 1 thread and on 2 (query heads split across the pool, as ggml
 //             splits its rows): ggml's algorithm measured in the same minutes as ringkv
+//   floor, floor2  roofp's read with the multiply-adds a step must do on those bytes (one per
+//             query head of the kv head's group on every vector: the scores' and the V sums'),
+//             nothing else (no sum across lanes, no exp, no rescale): a floor under any exact
+//             decode step of the shape, on 1 and 2 threads. Where it is already above 1.25x
+//             the roof, no kernel can be within 1.25x of it on this machine
 //   roof16    a streaming read of the same K+V stored at 2 bytes an element (f16 or bf16)
 //   pair_f16, pair_bf16, pair2_f16  the pair path over K/V stored as f16 / bf16 (promoted in registers,
 //             f32 accumulation); their x_roof is against roof16
@@ -138,23 +143,30 @@ ringkv::default_thread_pool& pool_of_two() {
   return pool;
 }
 
+/// part(from, n) over the layer's K/V storage as floats (n of K and n of V from element `from`),
+/// on 1 thread, or on 2 with each taking half of K and half of V; the parts' sums added.
+template <class Part>
+float split_read(wrapped_layer& l, std::size_t threads, Part part) {
+  const std::size_t n = l.key_storage().as<float>().size();
+  if (threads == 1) return part(0, n);
+  float sums[2] = {};
+  pool_of_two().parallel_for(2, [&](std::size_t t) {
+    const std::size_t half = n / 2;
+    sums[t] = part(t * half, t ? n - half : half);
+  });
+  return sums[0] + sums[1];
+}
+
 /// Reads every byte of the layer's K and V (as floats, whatever they hold): K then V, or, `paired`,
 /// the two in turn (two streams at once, faster past the L3); with 2 threads each thread reads
 /// half of K and half of V.
 float read_roof(wrapped_layer& l, std::size_t threads, bool paired) {
   const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
-  const auto part = [&](std::size_t from, std::size_t n) {
+  return split_read(l, threads, [&](std::size_t from, std::size_t n) {
     if (paired) return ringkv_bench::stream_read_pair(k.data() + from, v.data() + from, n);
     return ringkv_bench::stream_read(k.data() + from, n) +
            ringkv_bench::stream_read(v.data() + from, n);
-  };
-  if (threads == 1) return part(0, k.size());
-  float sums[2] = {};
-  pool_of_two().parallel_for(2, [&](std::size_t t) {
-    const std::size_t half = k.size() / 2;
-    sums[t] = part(t * half, t ? k.size() - half : half);
   });
-  return sums[0] + sums[1];
 }
 
 /// Nanoseconds of the roof for this shape: the fastest of several timed batches of either read,
@@ -202,6 +214,17 @@ void roof(benchmark::State& state, shape s) {
 void roof_paired(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);
   measure(state, s, [&] { benchmark::DoNotOptimize(read_roof(l, s.threads, true)); });
+}
+
+void fma_floor(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
+  const std::size_t group = shape::q_heads / s.kv_heads;
+  measure(state, s, [&] {
+    benchmark::DoNotOptimize(split_read(l, s.threads, [&](std::size_t from, std::size_t n) {
+      return ringkv_bench::stream_fma_pair(k.data() + from, v.data() + from, n, group);
+    }));
+  });
 }
 
 void pair(benchmark::State& state, shape s) {
@@ -339,7 +362,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using variant = std::tuple<const char*, void (*)(benchmark::State&, shape), dtype, std::size_t>;
   // roof16 reads the f16 layer: f16 and bf16 rows are the same bytes.
-  constexpr std::array<variant, 17> variants{{{"roof", roof, dtype::f32, 1},
+  constexpr std::array<variant, 19> variants{{{"roof", roof, dtype::f32, 1},
                                               {"pair", pair, dtype::f32, 1},
                                               {"gathered", gathered, dtype::f32, 1},
                                               {"scalar", scalar, dtype::f32, 1},
@@ -355,7 +378,9 @@ int main(int argc, char** argv) {
                                               {"roofp", roof_paired, dtype::f32, 1},
                                               {"roof2p", roof_paired, dtype::f32, 2},
                                               {"roof16p", roof_paired, dtype::f16, 1},
-                                              {"roof16_2p", roof_paired, dtype::f16, 2}}};
+                                              {"roof16_2p", roof_paired, dtype::f16, 2},
+                                              {"floor", fma_floor, dtype::f32, 1},
+                                              {"floor2", fma_floor, dtype::f32, 2}}};
   std::vector<std::size_t> grid_windows;
   try {
     grid_windows = windows();

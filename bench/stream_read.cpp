@@ -57,6 +57,36 @@ float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
   return s;
 }
 
+/// As StreamReadPairImpl, with G multiply-adds on every vector read (one per query head of a
+/// kv head's group: the multiply-adds a decode step must do on that vector, scores or V sums),
+/// into eight chains.
+template <std::size_t G>
+float StreamFmaPair(const float* a, const float* b, std::size_t n) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d), steps = n / (4 * N);
+  hn::Vec<DF> q[G];
+  for (std::size_t h = 0; h < G; ++h) q[h] = hn::Set(d, 1.0f + 1e-7f * float(h));
+  hn::Vec<DF> acc[8];
+  for (auto& x : acc) x = hn::Zero(d);
+  for (std::size_t i = 0; i < steps; ++i)
+    for (std::size_t k = 0; k < 8; ++k) {
+      const auto x = hn::LoadU(d, (k < 4 ? a : b) + i * 4 * N + k % 4 * N);
+      for (std::size_t h = 0; h < G; ++h) acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
+    }
+  auto sum = acc[0];
+  for (std::size_t k = 1; k < 8; ++k) sum = hn::Add(sum, acc[k]);
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+float StreamFmaPairImpl(const float* a, const float* b, std::size_t n, std::size_t group) {
+  switch (group) {
+    case 1: return StreamFmaPair<1>(a, b, n);
+    case 2: return StreamFmaPair<2>(a, b, n);
+    case 4: return StreamFmaPair<4>(a, b, n);
+    default: return StreamFmaPair<8>(a, b, n);
+  }
+}
+
 }  // namespace ringkv_bench::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -64,6 +94,10 @@ HWY_AFTER_NAMESPACE();
 namespace ringkv_bench {
 HWY_EXPORT(StreamReadImpl);
 HWY_EXPORT(StreamReadPairImpl);
+HWY_EXPORT(StreamFmaPairImpl);
+float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group) {
+  return HWY_DYNAMIC_DISPATCH(StreamFmaPairImpl)(a, b, n, group);
+}
 float stream_read(const float* p, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(StreamReadImpl)(p, n);
 }

@@ -8,4 +8,7 @@ namespace ringkv_bench {
 float stream_read(const float* p, std::size_t n);
 /// Σ a[i] + b[i] over n floats of each, the two arrays read in turn (two streams); O(n).
 float stream_read_pair(const float* a, const float* b, std::size_t n);
+/// stream_read_pair with `group` (1, 2, 4 or 8) multiply-adds on every vector read: the least
+/// arithmetic a decode step with `group` query heads per kv head does on those bytes; O(n·group).
+float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group);
 }  // namespace ringkv_bench
