@@ -343,6 +343,59 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
+/// As AttendBlocks over at most one segment, in three phases: every block's scores (K rows
+/// only), then every block's softmax step, then every block's V rows folded in. Each block's
+/// arithmetic, and the order of the steps that change the state (ExpBlock block after block,
+/// AccumulateBlock block after block; neither reads what the other writes but the block's own
+/// weights and rescale), are AttendBlocks's, so the bits are the same. What changes is the
+/// reads: K alone, then V alone, each a stream with nothing waiting on a softmax step between
+/// blocks. collect_k / collect_v(pos, end, b) fill b's K / V rows of positions [pos, end) and
+/// return how many; feed_k / feed_v(pos, end, feed) may start `feed` with the rows of the next
+/// block ([pos, end)) to prefetch while this block's scores / V sums are computed.
+template <class Loader, class Block, class CollectK, class CollectV, class FeedK, class FeedV>
+HWY_INLINE void AttendPhased(const window& positions, std::size_t head_dim, const chunk& c,
+                             std::size_t from, std::size_t to, const state& s, Block b,
+                             CollectK&& collect_k, CollectV&& collect_v, FeedK&& feed_k,
+                             FeedV&& feed_v) {
+  constexpr std::size_t max_blocks = segment_positions / block_positions + 1;  // one unaligned
+  HWY_DASSERT(to - from <= segment_positions && c.count <= side_by_side_heads);
+  HWY_ALIGN float scores[max_blocks * side_by_side_heads * block_positions];  // [blocks, count, 16]
+  float rescale[max_blocks * side_by_side_heads];                             // [blocks, count]
+  const DF d;
+  line_feed feed;
+  const std::size_t hi = std::min(to, WindowEnd(positions));
+  chunk block = c;
+  const auto use = [&](std::size_t k) {
+    block.scores = scores + k * c.count * block_positions;
+    block.rescale = rescale + k * c.count;
+  };
+  // step(pos, end, next) for each block [pos, end) in order, its buffers in use; returns how many.
+  const auto each_block = [&](auto&& step) {
+    std::size_t k = 0;
+    for (std::size_t pos = NextPosition(positions, from); pos < hi; ++k) {
+      const std::size_t end = BlockEnd(pos, hi), next = NextPosition(positions, end);
+      use(k);
+      step(pos, end, next);
+      pos = next;
+    }
+    return k;
+  };
+  const std::size_t blocks = each_block([&](std::size_t pos, std::size_t end, std::size_t next) {
+    SetRowCount(b, collect_k(pos, end, b));
+    if (next < hi) feed_k(next, BlockEnd(next, hi), feed);
+    ScoreBlock<Loader>(d, head_dim, block, b, feed);
+  });
+  for (std::size_t k = 0; k < blocks; ++k) {
+    use(k);
+    ExpBlock(block, s);
+  }
+  each_block([&](std::size_t pos, std::size_t end, std::size_t next) {
+    SetRowCount(b, collect_v(pos, end, b));
+    if (next < hi) feed_v(next, BlockEnd(next, hi), feed);
+    AccumulateBlock<Loader>(d, head_dim, block, b, s, feed);
+  });
+}
+
 /// AttendBlocks over the problem's own K/V rows. Unless p.prefetch is none (see
 /// prefetch_walk_for), with software prefetches timed so the L1 (32 KiB here) holds only what is
 /// in use, and trickled between tiles: this block's V rows are fed while its scores are
@@ -465,11 +518,28 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
 /// side, ExpBlock takes four heads' steps as 4-lane vectors and the out-of-order core has four
 /// heads' tiles to interleave. Each head's arithmetic is AttendRange's for a one-head chunk
 /// (ScoreRows, ExpBlock's per-lane state, AccumulateRest), so the bits do not depend on which
-/// heads share a chunk. Prefetch, when the step has it, is AttendRange's spaced walk (the only
-/// walk a GQA-1 step gets) over the rows of all the chunk's heads: this block's V rows while
-/// its scores are computed, the next block's K rows while V rows are summed — a head's V rows
-/// are now asked for four heads' score tiles before they are used, not one.
+/// heads share a chunk. The segment is read in phases (AttendPhased, session 16): all its K
+/// rows, then the softmax steps, then all its V rows. Prefetch, when the step has it, is
+/// AttendRange's spaced walk (the only walk a GQA-1 step gets) over the rows of all the
+/// chunk's heads: the next block's K rows while this block's scores are computed, the next
+/// block's V rows while its V rows are summed.
 /// Measured (one binary, random interleaving, fastest / median µs, 1 thread unless said):
+/// - phases against blocks (K, softmax step, V, block after block; this block's V rows
+///   prefetched while its scores were computed, the next block's K rows while V was summed),
+///   session 16, the same bits (checked in the benchmark): 20 repetitions, no prefetch — D 64
+///   / W 256 / kv 8 22.4 / 29.6 against 23.4 / 27.6, W 1024 93.5 / 115 against 95.9 / 121, on
+///   2 threads 14.6 / 16.6 against 15.3 / 17.5 and 56.8 / 62.9 against 59.2 / 65.2, D 128 /
+///   W 1024 229 / 303 against 232 / 319 (2 threads 96.5 / 115 against 109 / 124), f16 D 64 /
+///   W 1024 66.9 / 90.2 against 73.7 / 99.2; 12 repetitions, prefetch — D 64 / W 3072 / kv 8
+///   429 / 628 against 503 / 697, W 4096 634 / 859 against 717 / 1,112 (2 threads 424 / 469
+///   against 504 / 562), W 8192 on 2 threads (16 MiB each) 944 / 1,382 against 1,305 / 1,643,
+///   f16 D 64 / W 4096 (8 MiB, no prefetch) 293 / 358 against 380 / 499, W 8192 869 / 1,360
+///   against 1,201 / 1,639; within the noise at D 128 / W 256 (41.8 / 52.0 against 41.4 /
+///   44.8) and f16 D 128 / W 4096 (1,141 / 1,415 against 1,062 / 1,353). In phases each array
+///   streams with nothing waiting on a softmax step between its blocks. Applied to every GQA-1
+///   step instead (past 16 MiB and to 512-byte rows, in place of PipelineBlocks): slower at
+///   D 128 / W 32768 / kv 8 (24,044 against 21,379) and D 64 / W 32768 on 1 thread (10,084
+///   against 9,376) — not done. Before session 16 (blocks):
 /// - no prefetch: D 64 / W 256 / kv 8 24.1 / 31.4 against 25.5 / 33.0, D 128 41.6 / 51.8
 ///   against 44.4 / 49.8, f16 D 64 / W 4096 / kv 8 (8 MiB) 303 / 392 against 328 / 423; two or
 ///   eight heads side by side did as well as four;
@@ -492,30 +562,37 @@ template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
   using T = typename Loader::type;
-  // The next block's K rows (the first head's), fed while V rows are summed.
-  const std::byte* ahead[block_positions];
+  const std::byte* ahead[block_positions];  // the next block's rows to prefetch
   const bool prefetch = p.prefetch != prefetch_walk::none;
   const std::size_t row_bytes = p.head_dim * sizeof(T);
   // Bytes between kv heads' rows of a position, the same in every run (uniform_head_stride).
   const std::size_t k_head = p.keys.runs[0].head_stride, v_head = p.values.runs[0].head_stride;
-  const std::size_t hi = std::min(to, WindowEnd(p.keys));
   spread_rows rows;
   rows.k_skip = k_head / sizeof(T);
   rows.v_skip = v_head / sizeof(T);
-  AttendBlocks<Loader>(
+  // The next block's rows of `w` (the first head's; the walk takes every head's), trickled over
+  // this block's score tiles or V tiles.
+  const auto feed_rows = [&](const window& w, std::size_t pos, std::size_t end, bool scoring,
+                             std::size_t head_bytes, line_feed& feed) {
+    if (!prefetch) return;
+    const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
+    const std::size_t tiles =
+        scoring ? ScoreTiles(1, n) : AccumulateTiles(DF(), 1, p.head_dim);
+    feed.start(prefetch_walk::spaced, ahead, n, row_bytes, c.count * tiles, c.count, head_bytes);
+  };
+  AttendPhased<Loader>(
       p.keys, p.head_dim, c, from, to, s, rows,
-      [&](std::size_t pos, std::size_t end, spread_rows& b, line_feed& feed) {
-        const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.first.v);
-        if (prefetch)
-          feed.start(prefetch_walk::spaced, b.first.v, n, row_bytes, c.count * ScoreTiles(1, n),
-                     c.count, v_head);
+      [&](std::size_t pos, std::size_t end, spread_rows& b) {
         return CollectRows(p.keys, c.kv_head, pos, end, b.first.k);
       },
-      [&](std::size_t next, const spread_rows&, line_feed& feed) {
-        if (!prefetch || next >= hi) return;
-        feed.start(prefetch_walk::spaced, ahead,
-                   CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead), row_bytes,
-                   c.count * AccumulateTiles(DF(), 1, p.head_dim), c.count, k_head);
+      [&](std::size_t pos, std::size_t end, spread_rows& b) {
+        return CollectRows(p.values, c.kv_head, pos, end, b.first.v);
+      },
+      [&](std::size_t pos, std::size_t end, line_feed& feed) {
+        feed_rows(p.keys, pos, end, true, k_head, feed);
+      },
+      [&](std::size_t pos, std::size_t end, line_feed& feed) {
+        feed_rows(p.values, pos, end, false, v_head, feed);
       });
 }
 
