@@ -276,8 +276,8 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
       };
       DecodeSegments(p.keys, dim, c, extra, sinks, out,
                      [&](std::size_t from, std::size_t to, const state& s) {
-                       AttendBlocks<row_loader<float>>(p.keys, dim, c, from, to, s,
-                                                       block_rows{}, collect, correct);
+                       AttendBlocks<row_loader<float>>(p.keys, dim, c, from, to, s, collect,
+                                                       correct);
                      });
       RotateBack(cp, c, out);
     }

@@ -320,15 +320,15 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// and may start `feed` with rows to prefetch while the block's scores are computed;
 /// adjust(next, b, feed) runs once the scores are computed, before the softmax step: it may
 /// change them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are
-/// summed (e.g. those of the next block, which starts at position `next`). b: the block as
-/// collect fills it, holding what stays the same for every block — the rows of one kv head
-/// that the chunk's heads share (block_rows), or those of the chunk's first kv head, which
-/// every head reads at its distance (spread_rows, whose distances the caller sets).
-template <class Loader, class Block, class Collect, class Adjust>
+/// summed (e.g. those of the next block, which starts at position `next`). The block's rows
+/// are those of one kv head, which the chunk's heads share (block_rows; AttendPhased also
+/// takes spread_rows).
+template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
-                             std::size_t from, std::size_t to, const state& s, Block b,
+                             std::size_t from, std::size_t to, const state& s,
                              Collect&& collect, Adjust&& adjust) {
   const DF d;
+  block_rows b{};
   line_feed while_scoring, while_summing;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
@@ -423,7 +423,7 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
   const bool prefetch = walk != prefetch_walk::none;
   const std::byte* ahead[block_positions];  // the next block's K rows, fed while V is summed
   AttendBlocks<Loader>(
-      p.keys, p.head_dim, c, from, to, s, block_rows{},
+      p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
         const std::size_t n = CollectRows(p.values, c.kv_head, pos, end, b.v);
         if (prefetch) feed.start(walk, b.v, n, row_bytes, ScoreTiles(c.count, n));
