@@ -46,13 +46,20 @@ float StreamReadImpl(const float* p, std::size_t n) {
   return s;
 }
 
+/// The k-th (0 … 7) vector of step i when a and b are read four vectors of each in turn (the
+/// paired order StreamReadPairImpl and StreamFmaPair share).
+HWY_INLINE hn::Vec<DF> PairedVector(DF d, const float* a, const float* b, std::size_t i,
+                                    std::size_t k) {
+  const std::size_t N = hn::Lanes(d);
+  return hn::LoadU(d, (k < 4 ? a : b) + i * 4 * N + k % 4 * N);
+}
+
 /// Four vectors of each array in turn: two streams in flight at once.
 float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
   const DF d;
   const std::size_t N = hn::Lanes(d), steps = n / (4 * N);
-  float s = EightChains(d, steps, [&](std::size_t i, std::size_t k) {
-    return hn::LoadU(d, (k < 4 ? a : b) + i * 4 * N + k % 4 * N);
-  });
+  float s = EightChains(d, steps,
+                        [&](std::size_t i, std::size_t k) { return PairedVector(d, a, b, i, k); });
   for (std::size_t i = steps * 4 * N; i < n; ++i) s += a[i] + b[i];
   return s;
 }
@@ -70,7 +77,7 @@ float StreamFmaPair(const float* a, const float* b, std::size_t n) {
   for (auto& x : acc) x = hn::Zero(d);
   for (std::size_t i = 0; i < steps; ++i)
     for (std::size_t k = 0; k < 8; ++k) {
-      const auto x = hn::LoadU(d, (k < 4 ? a : b) + i * 4 * N + k % 4 * N);
+      const auto x = PairedVector(d, a, b, i, k);
       for (std::size_t h = 0; h < G; ++h) acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
     }
   auto sum = acc[0];
