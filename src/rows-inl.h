@@ -298,6 +298,13 @@ struct line_feed {
   }
 };
 
+/// Asks for every cache line of the `bytes` bytes at `row` (prefetcht1), back to back.
+HWY_INLINE void PrefetchRow(const std::byte* row, std::size_t bytes) {
+  const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(row);
+  for (std::uintptr_t line = begin / 64 * 64; line < begin + bytes; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+}
+
 /// One past the last position of the block (of absolute positions) that holds `pos`, at most hi.
 HWY_INLINE std::size_t BlockEnd(std::size_t pos, std::size_t hi) {
   return std::min(pos / block_positions * block_positions + block_positions, hi);

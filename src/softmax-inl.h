@@ -471,15 +471,27 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
 /// follow with no software prefetch (block by block without software prefetch, a step took 1.7×
 /// as long as that loop: D 128 / W 4096 / kv 8, 2,454 against 1,415 µs). The arithmetic per
 /// block is AttendRange's (Score1x1's chains, ExpBlock, the V rows folded in as AccumulateRest
-/// folds them), so the bits are the same.
+/// folds them), so the bits are the same. Between two rows it also prefetches a row of the next
+/// block's V and of the K of the block after it (each stream a block ahead of its reads; session
+/// 17, one binary, interleaved repetitions, fastest / median µs against none, D 128 / kv 8):
+/// on 2 threads W 4096 1,007 / 1,144 against 1,305 / 1,607 and 976 / 1,155 against 1,374 /
+/// 1,698, W 8192 2,763 / 3,110 against 2,977 / 3,537, W 32768 12,523 / 14,383 against 13,504 /
+/// 14,697 and 11,075 / 13,096 against 13,783 / 14,750; on 1 thread W 2048 706 / 889 against
+/// 938 / 1,172, W 4096 2,184 / 2,537 against 2,478 / 2,720 and 2,173 / 2,414 against 2,333 /
+/// 2,800, W 8192 4,948 / 5,483 against 5,078 / 5,843; from memory on 1 thread the median gains
+/// but not the fastest (W 16384 10,419 / 10,888 against 10,177 / 11,717, W 32768 21,259 /
+/// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853). The hint t0
+/// measured as t1, nta slower (W 4096, 1 thread, 2,405 / 2,651).
 template <class Loader>
 HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
                                std::size_t to, const state& s) {
   const DF d;
   const std::size_t hi = std::min(to, WindowEnd(p.keys)), dim = p.head_dim;
+  const std::size_t row_bytes = dim * sizeof(typename Loader::type);
   HWY_ALIGN float scores[2][block_positions];  // this block's weights, the next block's scores
   HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
   block_rows rows[2];
+  const std::byte* far[block_positions];  // K rows of the block after the next, to prefetch
   std::size_t pos = NextPosition(p.keys, from);
   if (pos >= hi) return;
   std::size_t end = BlockEnd(pos, hi), now = 0;
@@ -498,14 +510,19 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
     const std::size_t next = NextPosition(p.keys, end), later = now ^ 1;
     block_rows& ahead = rows[later];
     ahead.n = 0;
+    std::size_t far_n = 0;
     if (next < hi) {
       end = BlockEnd(next, hi);
       collect(later, next, end);
+      const std::size_t after = NextPosition(p.keys, end);
+      if (after < hi) far_n = CollectRows(p.keys, c.kv_head, after, BlockEnd(after, hi), far);
     }
     AccumulateRowByRow<Loader>(d, dim, scores[now], rows[now], std::max(rows[now].n, ahead.n),
                                c.rescale[0], s.acc, sum, [&](std::size_t j) {
-                                 if (j < ahead.n)
-                                   scores[later][j] = Score1x1<Loader>(d, c.q, ahead.k[j], dim, 0);
+                                 if (j < far_n) PrefetchRow(far[j], row_bytes);
+                                 if (j >= ahead.n) return;
+                                 PrefetchRow(ahead.v[j], row_bytes);
+                                 scores[later][j] = Score1x1<Loader>(d, c.q, ahead.k[j], dim, 0);
                                });
     if (ahead.n == 0) return;
     now = later;
