@@ -480,8 +480,9 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
 /// 938 / 1,172, W 4096 2,184 / 2,537 against 2,478 / 2,720 and 2,173 / 2,414 against 2,333 /
 /// 2,800, W 8192 4,948 / 5,483 against 5,078 / 5,843; from memory on 1 thread the median gains
 /// but not the fastest (W 16384 10,419 / 10,888 against 10,177 / 11,717, W 32768 21,259 /
-/// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853). The hint t0
-/// measured as t1, nta slower (W 4096, 1 thread, 2,405 / 2,651).
+/// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853), kept there too
+/// since a decode loop sees the median. The hint t0 measured as t1 (W 4096, 1 thread, 2,098 /
+/// 2,573 against 2,184 / 2,537), nta slower (2,405 / 2,651).
 template <class Loader>
 HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
                                std::size_t to, const state& s) {
