@@ -163,6 +163,12 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
   b3 = hn::MulAdd(z, y3, b3);
 }
 
+/// Asks for the cache line at `address` with prefetcht1, the hint every prefetch here uses (t0,
+/// t2 and nta measured no better across shapes: README "Tuning measured", sessions 5, 7, 16, 17).
+HWY_INLINE void PrefetchLine(std::uintptr_t address) {
+  __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 2);
+}
+
 /// Cache lines to prefetch a few at a time, between the tiles of a block: a burst of a block's
 /// worth of prefetch instructions stalls on the L1's miss buffers (measured: up to 15 % of a
 /// step's samples on them), a trickle keeps those buffers busy without stalling. step() works on
@@ -256,21 +262,17 @@ struct line_feed {
     std::uintptr_t l = line, e = end[range];
     for (;;) {
       for (; k >= 4 && l + 256 <= e; k -= 4, l += 256) {
-        Prefetch(l);
-        Prefetch(l + 64);
-        Prefetch(l + 128);
-        Prefetch(l + 192);
+        PrefetchLine(l);
+        PrefetchLine(l + 64);
+        PrefetchLine(l + 128);
+        PrefetchLine(l + 192);
       }
-      for (; k != 0 && l < e; --k, l += 64) Prefetch(l);
+      for (; k != 0 && l < e; --k, l += 64) PrefetchLine(l);
       if (k == 0 || range + 1 >= ranges) break;
       l = begin[++range];
       e = end[range];
     }
     line = l;
-  }
-
-  static HWY_INLINE void Prefetch(std::uintptr_t address) {
-    __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 2);
   }
 
   HWY_INLINE void StepSpaced() {
@@ -280,7 +282,7 @@ struct line_feed {
     // it did with one head: a prefetch, an add and a compare.
     std::size_t r = row, off = offset, hd = head, base = head_base, lim = base + row_bytes;
     for (std::size_t k = per_step; k != 0 && r < nn; --k) {
-      __builtin_prefetch(rs[r] + off, 0, 2);
+      PrefetchLine(reinterpret_cast<std::uintptr_t>(rs[r] + off));
       off += 64;
       if (off >= lim) {
         if (++r == nn && ++hd < heads) {
@@ -298,11 +300,10 @@ struct line_feed {
   }
 };
 
-/// Asks for every cache line of the `bytes` bytes at `row` (prefetcht1), back to back.
+/// Asks for every cache line of the `bytes` bytes at `row`, back to back.
 HWY_INLINE void PrefetchRow(const std::byte* row, std::size_t bytes) {
   const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(row);
-  for (std::uintptr_t line = begin / 64 * 64; line < begin + bytes; line += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+  for (std::uintptr_t line = begin / 64 * 64; line < begin + bytes; line += 64) PrefetchLine(line);
 }
 
 /// One past the last position of the block (of absolute positions) that holds `pos`, at most hi.
