@@ -19,6 +19,7 @@
 
 #include "count_new.hpp"
 #include "hwy_targets.hpp"
+#include "pseudo_random.hpp"
 
 import ringkv;
 
@@ -30,20 +31,13 @@ using ringkv::tensor_view;
 using ringkv::windowed_attention;
 using ringkv::windowed_kv;
 using ringkv_test::for_each_target;
+using ringkv_test::pseudo_random;
 
 namespace {
 
 // ---- inputs: every row a function of (kind, position, head, element) ----------------------
 
 enum class kind : std::uint64_t { key = 1, value = 2, query = 3, sink = 4 };
-
-float pseudo_random(std::uint64_t i) {  // splitmix64 → [-1, 1)
-  std::uint64_t z = i * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return float(double(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
 
 /// Element i of head h's row at absolute position p, the same in every cache that holds p.
 float element(kind k, std::size_t p, std::size_t h, std::size_t i) {

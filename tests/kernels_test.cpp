@@ -12,22 +12,16 @@
 #include <vector>
 
 #include "hwy_targets.hpp"
+#include "pseudo_random.hpp"
 
 import ringkv;
 
 namespace kernels = ringkv::kernels;
 using ringkv_test::for_each_target;
+using ringkv_test::pseudo_random;
 
 namespace {
 constexpr float inf = std::numeric_limits<float>::infinity();
-
-float pseudo_random(std::uint64_t i) {  // splitmix64 → [-1, 1)
-  std::uint64_t z = i * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return float(double(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
 
 std::vector<float> filled(std::size_t n, std::uint64_t seed) {
   std::vector<float> v(n);

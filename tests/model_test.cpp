@@ -23,6 +23,7 @@ import ringkv;
 
 #include "store_support.hpp"
 #include "deque_store.hpp"
+#include "outcome.hpp"
 
 namespace trace = ringkv::trace;
 using ringkv::kv_cache_config;
@@ -130,16 +131,7 @@ class model_check {
   }
   template <class F, class S>
   static int outcome(F&& f, S& s) {
-    try {
-      f(s);
-      return 0;
-    } catch (const ringkv::cache_full&) {
-      return 1;
-    } catch (const std::out_of_range&) {
-      return 2;
-    } catch (const std::invalid_argument&) {
-      return 3;
-    }
+    return ringkv_test::outcome([&] { f(s); });
   }
   void append(std::size_t l) {
     std::uniform_real_distribution<float> value(-4.0f, 4.0f);

@@ -1,6 +1,8 @@
-// Shared by the fuzz targets: outcome classes of a call (as tests/model_test.cpp) and a failure
-// that stops the fuzzer with a message. Include after `import ringkv;`.
+// Shared by the fuzz targets: outcome classes of a call (support/outcome.hpp, shared with
+// tests/model_test.cpp) and a failure that stops the fuzzer with a message. Include after
+// `import ringkv;`.
 #pragma once
+#include "outcome.hpp"
 
 namespace fuzz {
 
@@ -14,19 +16,6 @@ inline void require(bool ok, const char* what) {
   if (!ok) diverged(what, 0, 0);
 }
 
-/// 0 success, 1 cache_full, 2 out_of_range, 3 invalid_argument; anything else escapes (a crash).
-template <class F>
-int outcome(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const ringkv::cache_full&) {
-    return 1;
-  } catch (const std::out_of_range&) {
-    return 2;
-  } catch (const std::invalid_argument&) {
-    return 3;
-  }
-}
+using ringkv_test::outcome;
 
 }  // namespace fuzz
