@@ -289,10 +289,6 @@ struct spread_rows {
   std::size_t k_skip = 0, v_skip = 0;
 };
 
-/// The block's row count ← n.
-HWY_INLINE void SetRowCount(block_rows& b, std::size_t n) { b.n = n; }
-HWY_INLINE void SetRowCount(spread_rows& b, std::size_t n) { b.first.n = n; }
-
 /// Scores of each chunk head's own rows (ScoreRows, as a one-head chunk computes them).
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
@@ -321,8 +317,7 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// adjust(next, b, feed) runs once the scores are computed, before the softmax step: it may
 /// change them (e.g. add a correction) and start `feed` with rows to prefetch while V rows are
 /// summed (e.g. those of the next block, which starts at position `next`). The block's rows
-/// are those of one kv head, which the chunk's heads share (block_rows; AttendPhased also
-/// takes spread_rows).
+/// are those of one kv head, which the chunk's heads share.
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
                              std::size_t from, std::size_t to, const state& s,
@@ -333,7 +328,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
     const std::size_t end = BlockEnd(pos, hi);
-    SetRowCount(b, collect(pos, end, b, while_scoring));
+    b.n = collect(pos, end, b, while_scoring);
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
     const std::size_t next = NextPosition(positions, end);
     adjust(next, b, while_summing);
@@ -343,56 +338,55 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   }
 }
 
-/// As AttendBlocks over at most one segment, in three phases: every block's scores (K rows
-/// only), then every block's softmax step, then every block's V rows folded in. Each block's
-/// arithmetic, and the order of the steps that change the state (ExpBlock block after block,
-/// AccumulateBlock block after block; neither reads what the other writes but the block's own
-/// weights and rescale), are AttendBlocks's, so the bits are the same. What changes is the
-/// reads: K alone, then V alone, each a stream with nothing waiting on a softmax step between
-/// blocks. collect_k / collect_v(pos, end, b) fill b's K / V rows of positions [pos, end) and
-/// return how many; feed_k / feed_v(pos, end, feed) may start `feed` with the rows of the next
-/// block ([pos, end)) to prefetch while this block's scores / V sums are computed.
-template <class Loader, class Block, class CollectK, class CollectV, class FeedK, class FeedV>
-HWY_INLINE void AttendPhased(const window& positions, std::size_t head_dim, const chunk& c,
-                             std::size_t from, std::size_t to, const state& s, Block b,
-                             CollectK&& collect_k, CollectV&& collect_v, FeedK&& feed_k,
-                             FeedV&& feed_v) {
+/// As AttendBlocks over at most one segment, for the chunk heads' own rows (spread_rows: b's
+/// skips set), in three phases: every block's scores (K rows only), then every block's softmax
+/// step, then every block's V rows folded in. Each block's arithmetic, and the order of the
+/// steps that change the state (ExpBlock block after block, AccumulateBlock block after block;
+/// neither reads what the other writes but the block's own weights and rescale), are
+/// AttendBlocks's, so the bits are the same. What changes is the reads: K alone, then V alone,
+/// each a stream with nothing waiting on a softmax step between blocks. feed_next(w, pos, end,
+/// scoring, feed) may start `feed` with the rows of `w` (keys while scoring, then values) of
+/// the next block, [pos, end), to prefetch while this block's scores or V sums are computed.
+template <class Loader, class FeedNext>
+HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from, std::size_t to,
+                             const state& s, spread_rows b, FeedNext&& feed_next) {
   constexpr std::size_t max_blocks = segment_positions / block_positions + 1;  // one unaligned
   HWY_DASSERT(to - from <= segment_positions && c.count <= side_by_side_heads);
   HWY_ALIGN float scores[max_blocks * side_by_side_heads * block_positions];  // [blocks, count, 16]
   float rescale[max_blocks * side_by_side_heads];                             // [blocks, count]
   const DF d;
   line_feed feed;
+  const window& positions = p.keys;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   chunk block = c;
   const auto use = [&](std::size_t k) {
     block.scores = scores + k * c.count * block_positions;
     block.rescale = rescale + k * c.count;
   };
-  // step(pos, end, next) for each block [pos, end) in order, its buffers in use; returns how many.
-  const auto each_block = [&](auto&& step) {
+  // One phase: for each block [pos, end) in order, its buffers in use, b's rows of `w` (into
+  // `rows`) collected and the next block's fed; then step(). Returns how many blocks.
+  const auto each_block = [&](const window& w, const std::byte** rows, bool scoring,
+                              auto&& step) {
     std::size_t k = 0;
     for (std::size_t pos = NextPosition(positions, from); pos < hi; ++k) {
       const std::size_t end = BlockEnd(pos, hi), next = NextPosition(positions, end);
       use(k);
-      step(pos, end, next);
+      b.first.n = CollectRows(w, c.kv_head, pos, end, rows);
+      if (next < hi) feed_next(w, next, BlockEnd(next, hi), scoring, feed);
+      step();
       pos = next;
     }
     return k;
   };
-  const std::size_t blocks = each_block([&](std::size_t pos, std::size_t end, std::size_t next) {
-    SetRowCount(b, collect_k(pos, end, b));
-    if (next < hi) feed_k(next, BlockEnd(next, hi), feed);
-    ScoreBlock<Loader>(d, head_dim, block, b, feed);
+  const std::size_t blocks = each_block(p.keys, b.first.k, true, [&] {
+    ScoreBlock<Loader>(d, p.head_dim, block, b, feed);
   });
   for (std::size_t k = 0; k < blocks; ++k) {
     use(k);
     ExpBlock(block, s);
   }
-  each_block([&](std::size_t pos, std::size_t end, std::size_t next) {
-    SetRowCount(b, collect_v(pos, end, b));
-    if (next < hi) feed_v(next, BlockEnd(next, hi), feed);
-    AccumulateBlock<Loader>(d, head_dim, block, b, s, feed);
+  each_block(p.values, b.first.v, false, [&] {
+    AccumulateBlock<Loader>(d, p.head_dim, block, b, s, feed);
   });
 }
 
@@ -590,28 +584,16 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
   rows.v_skip = v_head / sizeof(T);
   // The next block's rows of `w` (the first head's; the walk takes every head's), trickled over
   // this block's score tiles or V tiles.
-  const auto feed_rows = [&](const window& w, std::size_t pos, std::size_t end, bool scoring,
-                             std::size_t head_bytes, line_feed& feed) {
-    if (!prefetch) return;
-    const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
-    const std::size_t tiles =
-        scoring ? ScoreTiles(1, n) : AccumulateTiles(DF(), 1, p.head_dim);
-    feed.start(prefetch_walk::spaced, ahead, n, row_bytes, c.count * tiles, c.count, head_bytes);
-  };
-  AttendPhased<Loader>(
-      p.keys, p.head_dim, c, from, to, s, rows,
-      [&](std::size_t pos, std::size_t end, spread_rows& b) {
-        return CollectRows(p.keys, c.kv_head, pos, end, b.first.k);
-      },
-      [&](std::size_t pos, std::size_t end, spread_rows& b) {
-        return CollectRows(p.values, c.kv_head, pos, end, b.first.v);
-      },
-      [&](std::size_t pos, std::size_t end, line_feed& feed) {
-        feed_rows(p.keys, pos, end, true, k_head, feed);
-      },
-      [&](std::size_t pos, std::size_t end, line_feed& feed) {
-        feed_rows(p.values, pos, end, false, v_head, feed);
-      });
+  AttendPhased<Loader>(p, c, from, to, s, rows,
+                       [&](const window& w, std::size_t pos, std::size_t end, bool scoring,
+                           line_feed& feed) {
+                         if (!prefetch) return;
+                         const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
+                         const std::size_t tiles =
+                             scoring ? ScoreTiles(1, n) : AccumulateTiles(DF(), 1, p.head_dim);
+                         feed.start(prefetch_walk::spaced, ahead, n, row_bytes, c.count * tiles,
+                                    c.count, scoring ? k_head : v_head);
+                       });
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
