@@ -20,8 +20,11 @@ export import ringkv.parallel;
 
 export namespace ringkv::kernels {
 
-/// The online softmax's block: absolute positions [16k, 16k + 16).
-inline constexpr std::size_t block_positions = 16;
+/// The online softmax's largest block. A step's blocks are absolute positions [Bk, Bk + B): B is
+/// 32 when one kv head's K and V rows take at most 1 MiB (4 MiB when query heads share them),
+/// else 16, so it depends on the window, head_dim, element type and GQA group, never on the
+/// number of heads or threads; either B divides block_positions.
+inline constexpr std::size_t block_positions = 32;
 /// decode()'s unit of partial states: absolute positions [1024k, 1024k + 1024).
 inline constexpr std::size_t segment_positions = 1024;
 /// Largest head_dim the kernels take (their scratch is a fixed stack buffer).

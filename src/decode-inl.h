@@ -27,10 +27,11 @@ HWY_INLINE std::size_t LayOutChunk(const problem& p, std::size_t kv_head, std::s
   c.kv_head = kv_head;
   c.q0 = q0;
   c.count = count;
+  c.block = p.block;
   c.padded_dim = RoundUp(p.head_dim, block_positions);
   float* q = scratch;                                     // [count, padded_dim]
-  c.scores = q + count * c.padded_dim;                    // [count, block_positions]
-  c.rescale = c.scores + count * block_positions;         // [count]
+  c.scores = q + count * c.padded_dim;                    // [count, block]
+  c.rescale = c.scores + count * c.block;                 // [count]
   for (std::size_t h = 0; h < count; ++h) {
     const float* in = p.query + (q0 + h) * p.head_dim;    // [head_dim]
     float* row = q + h * c.padded_dim;                    // [padded_dim]
@@ -38,12 +39,12 @@ HWY_INLINE std::size_t LayOutChunk(const problem& p, std::size_t kv_head, std::s
     std::fill(row + p.head_dim, row + c.padded_dim, 0.0f);
   }
   c.q = q;
-  return RoundUp(count * (c.padded_dim + block_positions) + count, block_positions);
+  return RoundUp(count * (c.padded_dim + c.block) + count, block_positions);
 }
 
 /// How many query heads, at most `wanted`, fit the scratch at once with `extra` floats per head.
 HWY_INLINE std::size_t FittingHeads(const problem& p, std::size_t extra, std::size_t wanted) {
-  const std::size_t per_head = RoundUp(p.head_dim, block_positions) + block_positions + 1 + extra;
+  const std::size_t per_head = RoundUp(p.head_dim, block_positions) + p.block + 1 + extra;
   return std::max<std::size_t>(1, std::min(wanted, (scratch_floats - 64) / per_head));
 }
 

@@ -19,7 +19,8 @@ module ringkv.kernels;
 namespace ringkv::kernels {
 
 // The exported constants describe the kernels' arithmetic; they must be the kernels' own.
-static_assert(block_positions == simd::block_positions);
+static_assert(block_positions == simd::max_block_positions &&
+              block_positions % simd::block_positions == 0);
 static_assert(segment_positions == simd::segment_positions);
 static_assert(min_split_work == simd::min_split_work);
 static_assert(max_head_dim == simd::max_head_dim);

@@ -271,7 +271,7 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
         if (!qjl) return;
         for (std::size_t h = 0; h < c.count; ++h)
           for (std::size_t j = 0; j < b.n; ++j)
-            c.scores[h * block_positions + j] +=
+            c.scores[h * c.block + j] +=
                 t.factors[j] * Dot(DF(), sq + h * padded, t.z + j * padded, dim);
       };
       DecodeSegments(p.keys, dim, c, extra, sinks, out,

@@ -198,14 +198,14 @@ struct line_feed {
   // Dense walk: byte ranges [begin, end) from line boundaries, the next line of range `range`
   // (addresses as integers: the last line of a range may start past its end, and past its
   // buffer, which a pointer may not).
-  std::uintptr_t begin[block_positions];
-  std::uintptr_t end[block_positions];
+  std::uintptr_t begin[max_block_positions];
+  std::uintptr_t end[max_block_positions];
   std::size_t range = 0, ranges = 0;
   std::uintptr_t line = 0;
 
   /// Feeds the lines of rows_in[0, rows_n) over about `steps` calls of step(), walked as `walk`
   /// says (not none); O(rows_n). The dense walk takes one block's rows of one kv head (at most
-  /// block_positions ranges: AttendRange's); the spaced walk those rows and the same rows of
+  /// max_block_positions ranges: AttendRange's); the spaced walk those rows and the same rows of
   /// the next kv_heads − 1 kv heads, kv_head_bytes apart (AttendSpread's heads), head by head.
   HWY_INLINE void start(prefetch_walk walk, const std::byte* const* rows_in, std::size_t rows_n,
                         std::size_t bytes, std::size_t steps, std::size_t kv_heads = 1,
@@ -213,7 +213,7 @@ struct line_feed {
     dense = walk == prefetch_walk::dense;
     std::size_t lines = 0;
     if (dense) {
-      HWY_DASSERT(rows_n <= block_positions);
+      HWY_DASSERT(rows_n <= max_block_positions);
       ranges = 0;
       for (std::size_t i = 0; i < rows_n; ++i) {
         const std::uintptr_t r = reinterpret_cast<std::uintptr_t>(rows_in[i]);
@@ -306,9 +306,10 @@ HWY_INLINE void PrefetchRow(const std::byte* row, std::size_t bytes) {
   for (std::uintptr_t line = begin / 64 * 64; line < begin + bytes; line += 64) PrefetchLine(line);
 }
 
-/// One past the last position of the block (of absolute positions) that holds `pos`, at most hi.
-HWY_INLINE std::size_t BlockEnd(std::size_t pos, std::size_t hi) {
-  return std::min(pos / block_positions * block_positions + block_positions, hi);
+/// One past the last position of the block of `block` absolute positions that holds `pos`, at
+/// most hi.
+HWY_INLINE std::size_t BlockEnd(std::size_t pos, std::size_t hi, std::size_t block) {
+  return std::min(pos / block * block + block, hi);
 }
 
 /// One past the newest position of the window.

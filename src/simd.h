@@ -6,9 +6,11 @@
 // - a score is dot(query * scale, key row) over head_dim, with the same per-row arithmetic for
 //   every row, whichever run holds it;
 // - the online softmax advances one block of window positions at a time, blocks aligned to
-//   absolute multiples of block_positions: the block's scores, one max and rescale per block,
-//   exp of the block's scores (Highway vector Exp), the block's V rows summed, then folded into
-//   the state;
+//   absolute multiples of the step's block (problem::block: block_positions, or
+//   cached_block_positions for a step whose rows are likely in the caches; decided from one kv
+//   head's bytes and the GQA group, never from the other heads or the threads): the block's
+//   scores, one max and rescale per block, exp of the block's scores (Highway vector Exp), the
+//   block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
 //   that computes segments in parallel and merges in the same order gets the same bits.
@@ -19,6 +21,20 @@
 namespace ringkv::simd {
 
 inline constexpr std::size_t block_positions = 16;
+// A step whose kv heads' rows are likely in the caches takes blocks of this many positions:
+// half the softmax steps and folds a position. Not past that, where the prefetch plan below
+// was measured for blocks of 16 and 32 lost (D 64 / W 4096 and W 32768 / kv 8, session 18).
+// The test is one kv head's K and V bytes, at most cached_head_bytes, or
+// cached_shared_head_bytes when query heads share the rows (8 MiB in all at 8 and at 2 kv
+// heads: the most a step reads without software prefetch), so a head's bits never depend on
+// the other heads or the threads. Measured (release binaries alternated, fastest µs, 16 against
+// 32; bench/README, session 19): D 64 / W 256 / kv 8 24.7 against 22.3, D 128 / W 256 / kv 8
+// 43.9 against 39.2, D 64 / W 4096 / kv 2 213 against 193; D 128 / W 4096 / kv 2 (4 MiB a
+// head) 258 against 182 on 2 threads, but 369–396 against 400–429 on 1 (8 MiB from the L3).
+inline constexpr std::size_t cached_block_positions = 32;
+inline constexpr std::size_t max_block_positions = cached_block_positions;
+inline constexpr std::size_t cached_head_bytes = std::size_t(1) << 20;
+inline constexpr std::size_t cached_shared_head_bytes = std::size_t(4) << 20;
 inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 // Decode prefetches K/V rows itself only when the step reads more than this many bytes: a window
@@ -98,6 +114,10 @@ struct problem {
   // Whether a one-query-head chunk reads its rows software-pipelined (PipelineBlocks: the next
   // block's K rows between this block's V rows) instead of block by block (see plan_reads).
   bool pipelined = false;
+  // Positions a block of the online softmax covers (block_positions or cached_block_positions,
+  // see plan_reads): the arithmetic's unit, so decided from what every head of the step shares
+  // (its window, head_dim, element type and GQA group), kept when a split hands a thread part.
+  std::size_t block = block_positions;
 };
 
 /// Bytes of one element of a row of type `type`; O(1).
@@ -127,13 +147,18 @@ inline bool uniform_head_stride(const window& w) {
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
-/// p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
+/// p.block, p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
-  p.prefetch = prefetch_walk_for(p, bytes, per_thread);
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
+  const std::size_t head_bytes = 2 * position_count(p.keys) * row_bytes;
+  const bool shared = p.q_heads > p.kv_heads;
+  p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
+                ? cached_block_positions
+                : block_positions;
+  p.prefetch = prefetch_walk_for(p, bytes, per_thread);
   const bool fits_l1 =
-      side_by_side_heads * block_positions * 2 * row_bytes <= side_by_side_l1_bytes;
+      side_by_side_heads * p.block * 2 * row_bytes <= side_by_side_l1_bytes;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
                 row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes;
   p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&

@@ -29,14 +29,15 @@ struct chunk {
   std::size_t kv_head = 0, q0 = 0, count = 0;
   std::size_t padded_dim = 0;  // head_dim rounded up to 16 floats
   const float* q = nullptr;    // [count, padded_dim] query · scale, zero-padded, 64-byte aligned
-  float* scores = nullptr;     // [count, block_positions] a block's scores, then exp'd; aligned
+  float* scores = nullptr;     // [count, block] a block's scores, then exp'd; aligned
   float* rescale = nullptr;    // [count] exp(old max − new max) for the current block
+  std::size_t block = block_positions;  // positions a block covers (problem::block)
 };
 
 /// The rows of one kv head for the window positions of one block, in position order.
 struct block_rows {
-  const std::byte* k[block_positions];
-  const std::byte* v[block_positions];
+  const std::byte* k[max_block_positions];
+  const std::byte* v[max_block_positions];
   std::size_t n = 0;
 };
 
@@ -47,18 +48,17 @@ HWY_INLINE state Rows(const state& s, std::size_t q0, std::size_t head_dim) {
 
 /// Every head's scores past the block's n rows ← −inf (so exp gives 0 there); O(heads).
 HWY_INLINE void PadScores(const chunk& c, std::size_t n) {
-  if (n < block_positions)
+  if (n < c.block)
     for (std::size_t h = 0; h < c.count; ++h)
-      std::fill(c.scores + h * block_positions + n, c.scores + (h + 1) * block_positions,
-                minus_infinity);
+      std::fill(c.scores + h * c.block + n, c.scores + (h + 1) * c.block, minus_infinity);
 }
 
 /// Scores of the block's rows for every head of the chunk; lanes past the rows are −inf.
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                            line_feed& feed) {
-  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores,
-                     block_positions, feed);
+  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores, c.block,
+                     feed);
   feed.drain();
   PadScores(c, b.n);
 }
@@ -66,10 +66,10 @@ HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const blo
 /// exp(score − max) in place over head h's block of scores; returns their lane-wise sum.
 HWY_INLINE VF ExpHead(DF d, const chunk& c, const state& s, std::size_t h) {
   const std::size_t N = hn::Lanes(d);
-  float* sc = c.scores + h * block_positions;  // [block_positions]
+  float* sc = c.scores + h * c.block;  // [block]
   const VF vm = hn::Set(d, s.max[h]);
   VF vsum = hn::Zero(d);
-  for (std::size_t k = 0; k < block_positions; k += N) {
+  for (std::size_t k = 0; k < c.block; k += N) {
     const VF e = hn::Exp(d, hn::Sub(hn::Load(d, sc + k), vm));
     hn::Store(e, d, sc + k);
     vsum = hn::Add(vsum, e);
@@ -80,9 +80,9 @@ HWY_INLINE VF ExpHead(DF d, const chunk& c, const state& s, std::size_t h) {
 /// Head h's largest score of the block, lane-wise (then reduced across lanes by the caller).
 HWY_INLINE VF MaxHead(DF d, const chunk& c, std::size_t h) {
   const std::size_t N = hn::Lanes(d);
-  const float* sc = c.scores + h * block_positions;  // [block_positions]
+  const float* sc = c.scores + h * c.block;  // [block]
   VF m = hn::Load(d, sc);
-  for (std::size_t k = N; k < block_positions; k += N) m = hn::Max(m, hn::Load(d, sc + k));
+  for (std::size_t k = N; k < c.block; k += N) m = hn::Max(m, hn::Load(d, sc + k));
   return m;
 }
 
@@ -112,7 +112,9 @@ HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, c
 /// RescaleHeads turns them into rescales. Out of line (one copy per target instead of one per row
 /// type): inlined, its Exp copies made src/simd.cpp compile 1.7x as long under the sanitizers.
 inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
-  static_assert(block_positions % hn::MaxLanes(DF()) == 0, "a block is whole vectors");
+  static_assert(block_positions % hn::MaxLanes(DF()) == 0 &&
+                    cached_block_positions % block_positions == 0,
+                "a block is whole vectors");
   const DF d;
   const hn::CappedTag<float, 4> d4;  // four heads (one at a time where vectors are 1 lane)
   const hn::CappedTag<float, 1> d1;
@@ -262,8 +264,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
   const std::size_t N = hn::Lanes(d);
   std::size_t h = 0;
   for (; h + 2 <= c.count; h += 2) {
-    const float* pa = c.scores + h * block_positions;
-    const float* pb = pa + block_positions;
+    const float* pa = c.scores + h * c.block;
+    const float* pb = pa + c.block;
     float* acc_a = s.acc + h * head_dim;
     float* acc_b = acc_a + head_dim;
     std::size_t i = 0;
@@ -275,7 +277,7 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
     AccumulateRest<Loader>(d, head_dim, pb, b, i, c.rescale[h + 1], acc_b, feed);
   }
   if (h < c.count)
-    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b, 0, c.rescale[h],
+    AccumulateRest<Loader>(d, head_dim, c.scores + h * c.block, b, 0, c.rescale[h],
                            s.acc + h * head_dim, feed);
   feed.drain();
 }
@@ -295,7 +297,7 @@ HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spr
                            line_feed& feed) {
   for (std::size_t h = 0; h < c.count; ++h)
     ScoreRows<Loader>(d, c.q + h * c.padded_dim, b.first.k, 0, b.first.n, head_dim,
-                      c.scores + h * block_positions, feed, h * b.k_skip);
+                      c.scores + h * c.block, feed, h * b.k_skip);
   feed.drain();
   PadScores(c, b.first.n);
 }
@@ -305,7 +307,7 @@ template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                                 const state& s, line_feed& feed) {
   for (std::size_t h = 0; h < c.count; ++h)
-    AccumulateRest<Loader>(d, head_dim, c.scores + h * block_positions, b.first, 0, c.rescale[h],
+    AccumulateRest<Loader>(d, head_dim, c.scores + h * c.block, b.first, 0, c.rescale[h],
                            s.acc + h * head_dim, feed, h * b.v_skip);
   feed.drain();
 }
@@ -327,7 +329,7 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
   line_feed while_scoring, while_summing;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
-    const std::size_t end = BlockEnd(pos, hi);
+    const std::size_t end = BlockEnd(pos, hi, c.block);
     b.n = collect(pos, end, b, while_scoring);
     ScoreBlock<Loader>(d, head_dim, c, b, while_scoring);
     const std::size_t next = NextPosition(positions, end);
@@ -350,17 +352,19 @@ HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, cons
 template <class Loader, class FeedNext>
 HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s, spread_rows b, FeedNext&& feed_next) {
-  constexpr std::size_t max_blocks = segment_positions / block_positions + 1;  // one unaligned
+  // At most one block more than whole blocks: a range may start or end mid-block.
+  constexpr std::size_t max_blocks = segment_positions / block_positions + 1;
+  constexpr std::size_t max_scores = segment_positions + max_block_positions;
   HWY_DASSERT(to - from <= segment_positions && c.count <= side_by_side_heads);
-  HWY_ALIGN float scores[max_blocks * side_by_side_heads * block_positions];  // [blocks, count, 16]
-  float rescale[max_blocks * side_by_side_heads];                             // [blocks, count]
+  HWY_ALIGN float scores[max_scores * side_by_side_heads];  // [blocks, count, block]
+  float rescale[max_blocks * side_by_side_heads];           // [blocks, count]
   const DF d;
   line_feed feed;
   const window& positions = p.keys;
   const std::size_t hi = std::min(to, WindowEnd(positions));
   chunk block = c;
   const auto use = [&](std::size_t k) {
-    block.scores = scores + k * c.count * block_positions;
+    block.scores = scores + k * c.count * c.block;
     block.rescale = rescale + k * c.count;
   };
   // One phase: for each block [pos, end) in order, its buffers in use, b's rows of `w` (into
@@ -369,10 +373,10 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
                               auto&& step) {
     std::size_t k = 0;
     for (std::size_t pos = NextPosition(positions, from); pos < hi; ++k) {
-      const std::size_t end = BlockEnd(pos, hi), next = NextPosition(positions, end);
+      const std::size_t end = BlockEnd(pos, hi, c.block), next = NextPosition(positions, end);
       use(k);
       b.first.n = CollectRows(w, c.kv_head, pos, end, rows);
-      if (next < hi) feed_next(w, next, BlockEnd(next, hi), scoring, feed);
+      if (next < hi) feed_next(w, next, BlockEnd(next, hi, c.block), scoring, feed);
       step();
       pos = next;
     }
@@ -415,7 +419,7 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
   const std::size_t row_bytes = p.head_dim * sizeof(typename Loader::type);
   const prefetch_walk walk = p.prefetch;
   const bool prefetch = walk != prefetch_walk::none;
-  const std::byte* ahead[block_positions];  // the next block's K rows, fed while V is summed
+  const std::byte* ahead[max_block_positions];  // the next block's K rows, fed while V is summed
   AttendBlocks<Loader>(
       p.keys, p.head_dim, c, from, to, s,
       [&](std::size_t pos, std::size_t end, block_rows& b, line_feed& feed) {
@@ -425,9 +429,9 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       },
       [&](std::size_t next, const block_rows&, line_feed& feed) {
         if (!prefetch || next >= hi) return;
-        feed.start(walk, ahead,
-                   CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi), ahead), row_bytes,
-                   AccumulateTiles(DF(), c.count, p.head_dim));
+        const std::size_t n = CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi, c.block),
+                                          ahead);
+        feed.start(walk, ahead, n, row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
 }
 
@@ -483,17 +487,17 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
   const DF d;
   const std::size_t hi = std::min(to, WindowEnd(p.keys)), dim = p.head_dim;
   const std::size_t row_bytes = dim * sizeof(typename Loader::type);
-  HWY_ALIGN float scores[2][block_positions];  // this block's weights, the next block's scores
+  HWY_ALIGN float scores[2][max_block_positions];  // this block's weights, the next's scores
   HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
   block_rows rows[2];
-  const std::byte* far[block_positions];  // K rows of the block after the next, to prefetch
+  const std::byte* far[max_block_positions];  // K rows of the block after the next, to prefetch
   std::size_t pos = NextPosition(p.keys, from);
   if (pos >= hi) return;
-  std::size_t end = BlockEnd(pos, hi), now = 0;
+  std::size_t end = BlockEnd(pos, hi, c.block), now = 0;
   const auto collect = [&](std::size_t i, std::size_t lo, std::size_t up) {
     rows[i].n = CollectRows(p.keys, c.kv_head, lo, up, rows[i].k);
     CollectRows(p.values, c.kv_head, lo, up, rows[i].v);
-    std::fill(scores[i] + rows[i].n, scores[i] + block_positions, minus_infinity);
+    std::fill(scores[i] + rows[i].n, scores[i] + c.block, minus_infinity);
   };
   collect(0, pos, end);
   for (std::size_t j = 0; j < rows[0].n; ++j)
@@ -507,10 +511,11 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
     ahead.n = 0;
     std::size_t far_n = 0;
     if (next < hi) {
-      end = BlockEnd(next, hi);
+      end = BlockEnd(next, hi, c.block);
       collect(later, next, end);
       const std::size_t after = NextPosition(p.keys, end);
-      if (after < hi) far_n = CollectRows(p.keys, c.kv_head, after, BlockEnd(after, hi), far);
+      if (after < hi)
+        far_n = CollectRows(p.keys, c.kv_head, after, BlockEnd(after, hi, c.block), far);
     }
     AccumulateRowByRow<Loader>(d, dim, scores[now], rows[now], std::max(rows[now].n, ahead.n),
                                c.rescale[0], s.acc, sum, [&](std::size_t j) {
@@ -574,7 +579,7 @@ template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
   using T = typename Loader::type;
-  const std::byte* ahead[block_positions];  // the next block's rows to prefetch
+  const std::byte* ahead[max_block_positions];  // the next block's rows to prefetch
   const bool prefetch = p.prefetch != prefetch_walk::none;
   const std::size_t row_bytes = p.head_dim * sizeof(T);
   // Bytes between kv heads' rows of a position, the same in every run (uniform_head_stride).

@@ -616,6 +616,40 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
+  // The softmax's blocks are 32 positions while one kv head's K and V take at most 1 MiB (4 MiB
+  // when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
+  // just past it; 8 kv heads make 8 MiB (read without software prefetch) and just past 8 MiB
+  // (prefetched), and the pool splits them. The block must follow the one head's bytes, so each
+  // head's bits are those it gets alone, with or without threads, and the answer stays within
+  // the reference's tolerance.
+  constexpr std::size_t kv = 8, dim = 64, end = 5000;
+  ringkv::default_thread_pool three(3);
+  const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
+  for (const std::size_t w : {std::size_t{2048}, std::size_t{2049}}) {
+    ring_fixture ring(kv, dim, w + 5);
+    ring.append_until(end);
+    const windowed_kv k = ring.keys(end - w, end), v = ring.values(end - w, end);
+    BOOST_REQUIRE(k.wrapped());
+    const auto query = make_query(kv, dim, 16);
+    reference_attention ref(query, kv, dim, 1 / std::sqrt(double(dim)), {});
+    ref.add(end - w, end);
+    std::vector<float> all(kv * dim), split(kv * dim), one(dim);
+    for_each_target([&](const char* target) {
+      plain.decode_step(query, k, v, all);
+      pooled.decode_step(query, k, v, split);
+      BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " W " << w);
+      BOOST_TEST(same_bits(split, all), target << " W " << w);
+      for (std::size_t h = 0; h < kv; ++h) {
+        plain.decode_step(std::span(query).subspan(h * dim, dim), one_head(k, h), one_head(v, h),
+                          one);
+        BOOST_TEST(std::memcmp(one.data(), all.data() + h * dim, dim * sizeof(float)) == 0,
+                   target << ", W " << w << ", head " << h);
+      }
+    });
+  }
+}
+
 BOOST_AUTO_TEST_CASE(scale_zero_means_one_over_sqrt_head_dim) {
   const windowed_attention attention;
   ring_fixture ring(1, 49, 30);
