@@ -220,6 +220,22 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// Checks that each query head's row of `all` (a decode of `query` over k and v) has the bits of
+/// that head decoded alone against its kv head's rows (one_head); `what` starts each message.
+void expect_each_head_as_alone(const windowed_attention& attention, std::span<const float> query,
+                               const windowed_kv& k, const windowed_kv& v,
+                               const std::vector<float>& all, const std::string& what) {
+  const std::size_t dim = k.head_dim(), q_heads = query.size() / dim;
+  const std::size_t group = q_heads / k.heads();
+  std::vector<float> one(dim);
+  for (std::size_t h = 0; h < q_heads; ++h) {
+    attention.decode_step(query.subspan(h * dim, dim), one_head(k, h / group),
+                          one_head(v, h / group), one);
+    BOOST_TEST(std::memcmp(one.data(), all.data() + h * dim, dim * sizeof(float)) == 0,
+               what << ", head " << h);
+  }
+}
+
 template <class E>
 bool mentions(const E& e, const char* word) {
   return std::string(e.what()).find(word) != std::string::npos;
@@ -563,18 +579,14 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
     ring_fixture ring(hs.kv, hs.dim, hs.to - hs.from + 10);
     ring.append_until(hs.to);
     const auto query = make_query(hs.q, hs.dim, 14);
-    std::vector<float> all(hs.q * hs.dim), one(hs.dim);
+    std::vector<float> all(hs.q * hs.dim);
     const windowed_kv k = ring.keys(hs.from, hs.to), v = ring.values(hs.from, hs.to);
     BOOST_REQUIRE(k.wrapped());
     for_each_target([&](const char* target) {
       attention.decode_step(query, k, v, all);
-      for (std::size_t h = 0; h < hs.q; ++h) {
-        const std::size_t kv_head = h / (hs.q / hs.kv);
-        attention.decode_step(std::span(query).subspan(h * hs.dim, hs.dim), one_head(k, kv_head),
-                              one_head(v, kv_head), one);
-        BOOST_TEST(std::memcmp(one.data(), all.data() + h * hs.dim, hs.dim * sizeof(float)) == 0,
-                   target << ", " << hs.q << "/" << hs.kv << " heads, head " << h);
-      }
+      expect_each_head_as_alone(attention, query, k, v, all,
+                                std::string(target) + ", " + std::to_string(hs.q) + "/" +
+                                    std::to_string(hs.kv) + " heads");
     });
   }
 }
@@ -602,16 +614,13 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
     reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
     if (pinned) ref.add(0, l.keep);
     ref.add(end - w + l.keep, end);
-    std::vector<float> all(kv * l.dim), one(l.dim);
+    std::vector<float> all(kv * l.dim);
     for_each_target([&](const char* target) {
       attention.decode_step(query, k, v, all);
       BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " D " << l.dim);  // see relative_error
-      for (std::size_t h = 0; h < kv; ++h) {
-        attention.decode_step(std::span(query).subspan(h * l.dim, l.dim), one_head(k, h),
-                              one_head(v, h), one);
-        BOOST_TEST(std::memcmp(one.data(), all.data() + h * l.dim, l.dim * sizeof(float)) == 0,
-                   target << ", D " << l.dim << ", keep " << l.keep << ", head " << h);
-      }
+      expect_each_head_as_alone(attention, query, k, v, all,
+                                std::string(target) + ", D " + std::to_string(l.dim) +
+                                    ", keep " + std::to_string(l.keep));
     });
   }
 }
@@ -634,18 +643,14 @@ BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_si
     const auto query = make_query(kv, dim, 16);
     reference_attention ref(query, kv, dim, 1 / std::sqrt(double(dim)), {});
     ref.add(end - w, end);
-    std::vector<float> all(kv * dim), split(kv * dim), one(dim);
+    std::vector<float> all(kv * dim), split(kv * dim);
     for_each_target([&](const char* target) {
       plain.decode_step(query, k, v, all);
       pooled.decode_step(query, k, v, split);
       BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " W " << w);
       BOOST_TEST(same_bits(split, all), target << " W " << w);
-      for (std::size_t h = 0; h < kv; ++h) {
-        plain.decode_step(std::span(query).subspan(h * dim, dim), one_head(k, h), one_head(v, h),
-                          one);
-        BOOST_TEST(std::memcmp(one.data(), all.data() + h * dim, dim * sizeof(float)) == 0,
-                   target << ", W " << w << ", head " << h);
-      }
+      expect_each_head_as_alone(plain, query, k, v, all,
+                                std::string(target) + ", W " + std::to_string(w));
     });
   }
 }
