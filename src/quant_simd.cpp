@@ -251,6 +251,7 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   p.kv_heads = cp.kv_heads;
   p.head_dim = cp.head_dim;
   p.scale = cp.scale;
+  p.block = block_positions;  // what the expansion tiles hold (tiles::k, v, z, factors)
   const std::size_t dim = p.head_dim, group = p.q_heads / p.kv_heads;
   const std::size_t padded = RoundUp(dim, block_positions);
   const std::size_t per_chunk = ChunkHeads(p, dim + 4 + (qjl ? padded + block_positions : 0));
