@@ -151,7 +151,7 @@ inline bool uniform_head_stride(const window& w) {
 inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
-  const std::size_t head_bytes = 2 * position_count(p.keys) * row_bytes;
+  const std::size_t head_bytes = bytes / p.kv_heads;  // one kv head's K and V rows
   const bool shared = p.q_heads > p.kv_heads;
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
