@@ -38,20 +38,44 @@ struct max_lanes {
   static HWY_INLINE float across(DF d, VF v) { return hn::GetLane(hn::MaxOfLanes(d, v)); }
 };
 
-// Targets of one or two 128-bit blocks reduce chains together (transposed); others one by one.
+// Targets of one or two 128-bit blocks reduce chains together (transposed); x86's 512-bit
+// targets first fold each chain's two 256-bit halves (two chains per pair of shuffles), then do
+// as AVX2 does. Others one by one.
 #undef RINGKV_TRANSPOSED_SUMS
+#undef RINGKV_FOLDED_SUMS
 #if HWY_TARGET != HWY_SCALAR && (HWY_MAX_BYTES == 16 || HWY_TARGET == HWY_AVX2)
 #define RINGKV_TRANSPOSED_SUMS 1
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define RINGKV_TRANSPOSED_SUMS 1
+#define RINGKV_FOLDED_SUMS 1
+#endif
+
+#ifdef RINGKV_TRANSPOSED_SUMS
 /// Per 128-bit block, op over a, b, c, e's four lanes there: [op a, op b, op c, op e] — four
 /// chains reduced together with six shuffles and three ops instead of one reduction each.
-template <class Op>
-HWY_INLINE VF Blocks4(DF d, VF a, VF b, VF c, VF e, Op op) {
-  const hn::Repartition<std::uint64_t, DF> d64;
-  const VF ab = op(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
-  const VF ce = op(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+template <class D, class V, class Op>
+HWY_INLINE V Blocks4(D d, V a, V b, V c, V e, Op op) {
+  const hn::Repartition<std::uint64_t, D> d64;
+  const V ab = op(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+  const V ce = op(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
   const auto ab64 = hn::BitCast(d64, ab), ce64 = hn::BitCast(d64, ce);
   return op(hn::BitCast(d, hn::InterleaveLower(d64, ab64, ce64)),
             hn::BitCast(d, hn::InterleaveUpper(d64, ab64, ce64)));
+}
+
+/// Of a vector of two 128-bit blocks: op(lower block, upper block), stored to s[0..4).
+template <class D, class V, class Op>
+HWY_INLINE void StoreHalves(D d, V r, Op op, float* s) {
+  const hn::Half<D> dh;
+  hn::StoreU(op(hn::LowerHalf(dh, r), hn::UpperHalf(dh, r)), dh, s);
+}
+#endif
+
+#ifdef RINGKV_FOLDED_SUMS
+/// [op(a's lower half, a's upper half) | the same of b]: two chains folded to 256 bits each.
+template <class Op>
+HWY_INLINE VF FoldHalves(DF d, VF a, VF b, Op op) {
+  return op(hn::ConcatLowerLower(d, b, a), hn::ConcatUpperUpper(d, b, a));
 }
 #endif
 
@@ -60,12 +84,17 @@ HWY_INLINE VF Blocks4(DF d, VF a, VF b, VF c, VF e, Op op) {
 /// sum, is the same in every tile.
 template <class Op>
 HWY_INLINE void Reduce4(DF d, VF a, VF b, VF c, VF e, Op op, float* s) {
-#if defined(RINGKV_TRANSPOSED_SUMS) && HWY_MAX_BYTES == 16
+#if defined(RINGKV_FOLDED_SUMS)
+  const hn::Half<DF> dh;
+  const VF ab = FoldHalves(d, a, b, op), ce = FoldHalves(d, c, e, op);
+  StoreHalves(dh,
+              Blocks4(dh, hn::LowerHalf(dh, ab), hn::UpperHalf(dh, ab), hn::LowerHalf(dh, ce),
+                      hn::UpperHalf(dh, ce), op),
+              op, s);
+#elif defined(RINGKV_TRANSPOSED_SUMS) && HWY_MAX_BYTES == 16
   hn::StoreU(Blocks4(d, a, b, c, e, op), d, s);
 #elif defined(RINGKV_TRANSPOSED_SUMS)
-  const hn::Half<DF> dh;
-  const VF r = Blocks4(d, a, b, c, e, op);
-  hn::StoreU(op(hn::LowerHalf(dh, r), hn::UpperHalf(dh, r)), dh, s);
+  StoreHalves(d, Blocks4(d, a, b, c, e, op), op, s);
 #else
   s[0] = Op::across(d, a);
   s[1] = Op::across(d, b);
@@ -79,12 +108,25 @@ HWY_INLINE void Sum4(DF d, VF a, VF b, VF c, VF e, float* s) {
   Reduce4(d, a, b, c, e, add_lanes(), s);
 }
 
+/// The two 256-bit halves of r, each holding two 128-bit blocks [x | y] and [z | w], as
+/// [x + y | z + w] stored to s[0..8).
+template <class D, class V>
+HWY_INLINE void StorePairSums(D d, V lo, V hi, float* s) {
+  hn::StoreU(hn::Add(hn::ConcatLowerLower(d, hi, lo), hn::ConcatUpperUpper(d, hi, lo)), d, s);
+}
+
 /// s[0..8) = the lane sums of c0 … c7, in the same order per chain as Sum4.
 HWY_INLINE void Sum8(DF d, VF c0, VF c1, VF c2, VF c3, VF c4, VF c5, VF c6, VF c7, float* s) {
-#if defined(RINGKV_TRANSPOSED_SUMS) && HWY_TARGET == HWY_AVX2
-  const VF lo = Blocks4(d, c0, c1, c2, c3, add_lanes());
-  const VF hi = Blocks4(d, c4, c5, c6, c7, add_lanes());
-  hn::StoreU(hn::Add(hn::ConcatLowerLower(d, hi, lo), hn::ConcatUpperUpper(d, hi, lo)), d, s);
+#if defined(RINGKV_FOLDED_SUMS)
+  // Per 128-bit block of r: [c0 … c3] over their folded lanes 0–3, then 4–7; [c4 … c7] alike.
+  const add_lanes add;
+  const VF r = Blocks4(d, FoldHalves(d, c0, c4, add), FoldHalves(d, c1, c5, add),
+                       FoldHalves(d, c2, c6, add), FoldHalves(d, c3, c7, add), add);
+  const hn::Half<DF> dh;
+  StorePairSums(dh, hn::LowerHalf(dh, r), hn::UpperHalf(dh, r), s);
+#elif defined(RINGKV_TRANSPOSED_SUMS) && HWY_TARGET == HWY_AVX2
+  StorePairSums(d, Blocks4(d, c0, c1, c2, c3, add_lanes()), Blocks4(d, c4, c5, c6, c7, add_lanes()),
+                s);
 #else
   Sum4(d, c0, c1, c2, c3, s);
   Sum4(d, c4, c5, c6, c7, s + 4);
@@ -154,6 +196,36 @@ HWY_INLINE void Score4x2(DF d, const float* HWY_RESTRICT qa, const float* HWY_RE
   Sum4(d, b0, b1, b2, b3, sb);
 }
 
+#ifdef RINGKV_WIDE_TILES
+/// One step of a four-head tile: element slice `at` (from element i) of four rows, times the
+/// four query heads' slices (q rows q_stride apart).
+template <class At>
+HWY_INLINE void Step4x4(DF d, const float* HWY_RESTRICT q, std::size_t q_stride, std::size_t i,
+                        const std::byte* const* k, At at, VF* a, VF* b, VF* c, VF* e) {
+  OuterStep4x4(hn::Load(d, q + i), hn::Load(d, q + q_stride + i),
+               hn::Load(d, q + 2 * q_stride + i), hn::Load(d, q + 3 * q_stride + i), at(k[0]),
+               at(k[1]), at(k[2]), at(k[3]), a, b, c, e);
+}
+
+/// Scores of four rows for four query heads of a group (q rows q_stride apart, scores s_stride
+/// apart): each K vector loaded once for all four.
+template <class Loader>
+HWY_INLINE void Score4x4(DF d, const float* HWY_RESTRICT q, std::size_t q_stride,
+                         const std::byte* const* k, std::size_t dim, float* s,
+                         std::size_t s_stride) {
+  const std::size_t N = hn::Lanes(d);
+  VF a[4], b[4], c[4], e[4];
+  for (std::size_t r = 0; r < 4; ++r) a[r] = b[r] = c[r] = e[r] = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + N <= dim; i += N) Step4x4(d, q, q_stride, i, k, vector_at<Loader>{d, i}, a, b, c, e);
+  if (i < dim) Step4x4(d, q, q_stride, i, k, tail_at<Loader>{d, i, dim - i}, a, b, c, e);
+  Sum4(d, a[0], a[1], a[2], a[3], s);
+  Sum4(d, b[0], b[1], b[2], b[3], s + s_stride);
+  Sum4(d, c[0], c[1], c[2], c[3], s + 2 * s_stride);
+  Sum4(d, e[0], e[1], e[2], e[3], s + 3 * s_stride);
+}
+#endif
+
 /// The score of one row for one head (window edges, where a block has few rows), the row read
 /// from element `skip` on.
 template <class Loader>
@@ -186,17 +258,36 @@ HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* co
 
 /// Tile calls ScoreHeads makes for n rows and `heads` heads (the steps its feed is spread over).
 HWY_INLINE std::size_t ScoreTiles(std::size_t heads, std::size_t n) {
-  return heads / 2 * (n / 4) + heads % 2 * (n / 8);
+#ifdef RINGKV_WIDE_TILES
+  const std::size_t quads = heads / 4 * (n / 4);
+  heads %= 4;
+#else
+  const std::size_t quads = 0;
+#endif
+  return quads + heads / 2 * (n / 4) + heads % 2 * (n / 8);
 }
 
 /// Scores of n rows for `heads` query heads (rows qs + h·q_stride, scores s + h·s_stride):
-/// heads in pairs sharing each K load, four rows at a time; the rest one head at a time. The
-/// feed gets a step after each tile.
+/// heads in fours (RINGKV_WIDE_TILES) or pairs sharing each K load, four rows at a time; the
+/// rest one head at a time. The feed gets a step after each tile.
 template <class Loader>
 HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
                            std::size_t heads, const std::byte* const* k, std::size_t n,
                            std::size_t dim, float* s, std::size_t s_stride, line_feed& feed) {
   std::size_t h = 0;
+#ifdef RINGKV_WIDE_TILES
+  for (; h + 4 <= heads; h += 4) {
+    const float* q = qs + h * q_stride;
+    float* sh = s + h * s_stride;
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      Score4x4<Loader>(d, q, q_stride, k + j, dim, sh + j, s_stride);
+      feed.step();
+    }
+    for (std::size_t g = 0; g < 4; ++g)
+      ScoreRows<Loader>(d, q + g * q_stride, k, j, n, dim, sh + g * s_stride, feed);
+  }
+#endif
   for (; h + 2 <= heads; h += 2) {
     const float* qa = qs + h * q_stride;
     const float* qb = qa + q_stride;

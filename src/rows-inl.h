@@ -163,6 +163,22 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
   b3 = hn::MulAdd(z, y3, b3);
 }
 
+// Where the target has 32 vector registers (x86's 512-bit targets), tiles of four query heads
+// × four vectors: sixteen chains in flight, and each K or V vector loaded once for four heads
+// (the pairs' eight chains fit AVX2's 16 registers; with 32 these two measured faster, bench/README
+// "Tuning measured", session 21).
+#undef RINGKV_WIDE_TILES
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define RINGKV_WIDE_TILES 1
+/// a_k += w · y_k, b_k += x · y_k, c_k += z · y_k, e_k += u · y_k for k = 0 … 3: four rows of a
+/// tile sharing four loaded vectors (K for four query heads' scores, V for four heads' sums).
+HWY_INLINE void OuterStep4x4(VF w, VF x, VF z, VF u, VF y0, VF y1, VF y2, VF y3, VF* a, VF* b,
+                             VF* c, VF* e) {
+  OuterStep2x4(w, x, y0, y1, y2, y3, a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]);
+  OuterStep2x4(z, u, y0, y1, y2, y3, c[0], c[1], c[2], c[3], e[0], e[1], e[2], e[3]);
+}
+#endif
+
 /// Asks for the cache line at `address` with prefetcht1, the hint every prefetch here uses (t0,
 /// t2 and nta measured no better across shapes: README "Tuning measured", sessions 5, 7, 16, 17).
 HWY_INLINE void PrefetchLine(std::uintptr_t address) {

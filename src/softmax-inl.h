@@ -190,6 +190,29 @@ HWY_INLINE void Accumulate2x4(DF d, const float* pa, const float* pb, const bloc
   Fold4(d, acc_b + i, hn::Set(d, rb), b0, b1, b2, b3);
 }
 
+#ifdef RINGKV_WIDE_TILES
+/// Four heads × four vectors (weights p + g·stride, accumulators acc + g·head_dim, rescales r):
+/// each V vector loaded once for the four heads.
+template <class Loader>
+HWY_INLINE void Accumulate4x4(DF d, const float* p, std::size_t stride, const block_rows& b,
+                              std::size_t i, const float* r, float* acc, std::size_t head_dim) {
+  const std::size_t N = hn::Lanes(d);
+  VF a[4], bb[4], c[4], e[4];
+  for (std::size_t k = 0; k < 4; ++k) a[k] = bb[k] = c[k] = e[k] = hn::Zero(d);
+  for (std::size_t j = 0; j < b.n; ++j) {
+    const std::byte* row = b.v[j];
+    OuterStep4x4(hn::Set(d, p[j]), hn::Set(d, p[stride + j]), hn::Set(d, p[2 * stride + j]),
+                 hn::Set(d, p[3 * stride + j]), Loader::load(d, row, i),
+                 Loader::load(d, row, i + N), Loader::load(d, row, i + 2 * N),
+                 Loader::load(d, row, i + 3 * N), a, bb, c, e);
+  }
+  Fold4(d, acc + i, hn::Set(d, r[0]), a[0], a[1], a[2], a[3]);
+  Fold4(d, acc + head_dim + i, hn::Set(d, r[1]), bb[0], bb[1], bb[2], bb[3]);
+  Fold4(d, acc + 2 * head_dim + i, hn::Set(d, r[2]), c[0], c[1], c[2], c[3]);
+  Fold4(d, acc + 3 * head_dim + i, hn::Set(d, r[3]), e[0], e[1], e[2], e[3]);
+}
+#endif
+
 // The one-head tiles read each row from element skip + i on (see ScoreRows' skip).
 template <class Loader>
 HWY_INLINE void Accumulate1x8(DF d, const float* p, const block_rows& b, std::size_t i,
@@ -252,17 +275,37 @@ HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const
 HWY_INLINE std::size_t AccumulateTiles(DF d, std::size_t heads, std::size_t head_dim) {
   const std::size_t N = hn::Lanes(d);
   const std::size_t lone = head_dim / (8 * N) + head_dim % (8 * N) / (4 * N);
-  return heads / 2 * (head_dim / (4 * N)) + heads % 2 * lone;
+#ifdef RINGKV_WIDE_TILES
+  const std::size_t quads = heads / 4 * (head_dim / (4 * N));
+  heads %= 4;
+#else
+  const std::size_t quads = 0;
+#endif
+  return quads + heads / 2 * (head_dim / (4 * N)) + heads % 2 * lone;
 }
 
-/// Folds the block's V rows into every head's accumulator: heads in pairs sharing each V load,
-/// a lone head on its own; the block's rows stay in L1 from one pair to the next. The feed gets
+/// Folds the block's V rows into every head's accumulator: heads in fours (RINGKV_WIDE_TILES) or
+/// pairs sharing each V load, a lone head on its own; the block's rows stay in L1 from one pair to the next. The feed gets
 /// a step after each tile.
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                                 const state& s, line_feed& feed) {
   const std::size_t N = hn::Lanes(d);
   std::size_t h = 0;
+#ifdef RINGKV_WIDE_TILES
+  for (; h + 4 <= c.count; h += 4) {
+    const float* p = c.scores + h * c.block;
+    float* acc = s.acc + h * head_dim;
+    std::size_t i = 0;
+    for (; i + 4 * N <= head_dim; i += 4 * N) {
+      Accumulate4x4<Loader>(d, p, c.block, b, i, c.rescale + h, acc, head_dim);
+      feed.step();
+    }
+    for (std::size_t g = 0; g < 4; ++g)
+      AccumulateRest<Loader>(d, head_dim, p + g * c.block, b, i, c.rescale[h + g],
+                             acc + g * head_dim, feed);
+  }
+#endif
   for (; h + 2 <= c.count; h += 2) {
     const float* pa = c.scores + h * c.block;
     const float* pb = pa + c.block;
