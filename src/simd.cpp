@@ -6,6 +6,8 @@
 
 #include "simd.h"
 
+#include <unistd.h>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -113,6 +115,15 @@ HWY_EXPORT(AttendImpl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(FinishImpl);
 HWY_EXPORT(DecodeImpl);
+
+std::size_t prefetch_min_bytes() {
+  static const std::size_t least = [] {
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);  // 0 or -1 where the system does not say
+    return l2 > 0 && std::size_t(l2) > small_l2_bytes ? large_l2_prefetch_min_bytes
+                                                      : small_l2_prefetch_min_bytes;
+  }();
+  return least;
+}
 
 const char* target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetImpl)()); }
 float dot(const float* a, const float* b, std::size_t n) {

@@ -37,22 +37,32 @@ inline constexpr std::size_t cached_head_bytes = std::size_t(1) << 20;
 inline constexpr std::size_t cached_shared_head_bytes = std::size_t(4) << 20;
 inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
-// Decode prefetches K/V rows itself only when the step reads more than this many bytes: a window
-// that small is likely still in the caches, where the hardware prefetchers keep up and the
-// software ones only cost issue slots (measured in softmax-inl.h, AttendRange).
-inline constexpr std::size_t prefetch_min_bytes = std::size_t(8) << 20;
+// Decode prefetches K/V rows itself only when a thread reads more than prefetch_min_bytes() of
+// them: a window that small is likely still in the caches, where the hardware prefetchers keep
+// up and the software ones only cost issue slots (measured in softmax-inl.h, AttendRange).
+// 8 MiB where the L2 holds at most 512 KiB (the Zen 3 of sessions 1–20), 12 MiB where it holds
+// more (the Zen 5 of session 21, 1 MiB; the hardware prefetchers there keep up with rows from
+// the L3 that the Zen 3 needed help with). Measured on the Zen 5 (one binary behind a temporary
+// switch, 2 rounds × 2, fastest / median µs, 8 MiB against 12 MiB a thread): D 128 / W 4096 /
+// kv 2 (8 MiB) 217 / 233 against 156 / 174 on 1 thread, D 64 / W 4096 / kv 8 on 2 threads
+// (8 MiB each) 235 / 410 against 152 / 208; the other grid shapes within the noise.
+inline constexpr std::size_t small_l2_prefetch_min_bytes = std::size_t(8) << 20;
+inline constexpr std::size_t large_l2_prefetch_min_bytes = std::size_t(12) << 20;
+inline constexpr std::size_t small_l2_bytes = std::size_t(512) << 10;
+/// This machine's threshold above (its L2 read once, from sysconf); O(1) after the first call.
+std::size_t prefetch_min_bytes();
 // ... except that a step whose query heads share each kv row (GQA) and whose threads read at
-// least prefetch_min_bytes each but less than this (rows likely in the L3: 32 MiB here, shared
+// least prefetch_min_bytes() each but less than this (rows likely in the L3: 32 MiB here, shared
 // with other work) prefetches with the cheaper, dense walk (see line_feed).
 inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
 // AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
 // block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
-// thread reads prefetch_min_bytes to dense_prefetch_max_bytes (rows likely in the L3).
+// thread reads prefetch_min_bytes() to dense_prefetch_max_bytes (rows likely in the L3).
 inline constexpr std::size_t side_by_side_heads = 4;
 inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // With one query head per kv head, f32 rows of at least this many bytes and at least
-// prefetch_min_bytes a thread (rows from the L3 or memory), a chunk reads its rows pipelined
+// prefetch_min_bytes() a thread (rows from the L3 or memory), a chunk reads its rows pipelined
 // (PipelineBlocks) instead of in blocks with software prefetch. Measured in one binary (10
 // interleaved repetitions, fastest / median µs, D 128 / kv 8): W 2048 (16 MiB) 411 / 459
 // against 475 / 496, on 2 threads 198 / 224 against 249 / 274; W 4096 1,250 / 1,572 against
@@ -128,14 +138,13 @@ inline std::size_t step_bytes(const problem& p) {
   return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes(p.keys.type);
 }
 
-/// How a step over `p` that reads `bytes` of K and V rows, `per_thread` of them on each of its
-/// threads, should prefetch; O(1).
-inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t bytes,
-                                       std::size_t per_thread) {
-  if (p.q_heads >= 2 * p.kv_heads && per_thread >= prefetch_min_bytes &&
-      per_thread < dense_prefetch_max_bytes)
+/// How a step over `p` whose threads read `per_thread` bytes of K and V rows each should
+/// prefetch; O(1).
+inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread) {
+  const std::size_t least = prefetch_min_bytes();
+  if (p.q_heads >= 2 * p.kv_heads && per_thread >= least && per_thread < dense_prefetch_max_bytes)
     return prefetch_walk::dense;
-  return bytes > prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
+  return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
 }
 
 /// Whether every run of `w` has the same bytes between kv heads' rows of a position (so one
@@ -156,15 +165,15 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
                 : block_positions;
-  p.prefetch = prefetch_walk_for(p, bytes, per_thread);
+  p.prefetch = prefetch_walk_for(p, per_thread);
   const bool fits_l1 =
       side_by_side_heads * p.block * 2 * row_bytes <= side_by_side_l1_bytes;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
-                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes;
+                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes();
   p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
                    uniform_head_stride(p.values) &&
                    (p.prefetch == prefetch_walk::none ||
-                    (fits_l1 && per_thread >= prefetch_min_bytes &&
+                    (fits_l1 && per_thread >= prefetch_min_bytes() &&
                      per_thread <= dense_prefetch_max_bytes));
 }
 
