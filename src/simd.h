@@ -72,6 +72,15 @@ inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // promotion makes a row's work longer (D 128 / W 4096 785 / 833 against 648 / 673, D 64 /
 // W 4096 479 / 487 against 257 / 272), nor in the caches (D 128 / W 256 ~49 against ~41).
 inline constexpr std::size_t pipelined_min_row_bytes = 512;
+// ... and f32 rows of at least this many bytes (D 64) once a thread reads more than
+// dense_prefetch_max_bytes (rows mostly from memory). Level on the Zen 3 (above); on the Zen 5
+// (session 21, one binary behind a temporary switch, 2 rounds × 3, fastest / median µs, blocks
+// against pipelined, D 64 / kv 8): W 8192 (32 MiB) 1,270 / 1,332 against 931 / 970, W 16384
+// 2,838 / 2,875 against 2,036 / 2,208 (2 threads 1,961 / 2,089 against 1,381 / 1,613), W 32768
+// 6,162 / 6,855 against 3,889 / 4,754 (2 threads 4,329 / 4,414 against 3,732 / 3,932); not at
+// 16 MiB a thread (W 4096 365 / 437 against 406 / 455, W 8192 on 2 threads 518 / 681 against
+// 563 / 651).
+inline constexpr std::size_t pipelined_min_short_row_bytes = 256;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
 // scaled query, a block of scores and a segment accumulator. The head_dim limit keeps one head.
 inline constexpr std::size_t scratch_floats = 8192;
@@ -168,8 +177,11 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.prefetch = prefetch_walk_for(p, per_thread);
   const bool fits_l1 =
       side_by_side_heads * p.block * 2 * row_bytes <= side_by_side_l1_bytes;
-  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
-                row_bytes >= pipelined_min_row_bytes && per_thread >= prefetch_min_bytes();
+  const bool pipelined_rows =
+      row_bytes >= pipelined_min_row_bytes
+          ? per_thread >= prefetch_min_bytes()
+          : row_bytes >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
+  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 && pipelined_rows;
   p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
                    uniform_head_stride(p.values) &&
                    (p.prefetch == prefetch_walk::none ||
