@@ -148,9 +148,9 @@ inline std::size_t step_bytes(const problem& p) {
 }
 
 /// How a step over `p` whose threads read `per_thread` bytes of K and V rows each should
-/// prefetch; O(1).
-inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread) {
-  const std::size_t least = prefetch_min_bytes();
+/// prefetch, given prefetch_min_bytes() as `least`; O(1).
+inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
+                                       std::size_t least) {
   if (p.q_heads >= 2 * p.kv_heads && per_thread >= least && per_thread < dense_prefetch_max_bytes)
     return prefetch_walk::dense;
   return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
@@ -174,18 +174,19 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
                 : block_positions;
-  p.prefetch = prefetch_walk_for(p, per_thread);
+  const std::size_t least = prefetch_min_bytes();
+  p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 =
       side_by_side_heads * p.block * 2 * row_bytes <= side_by_side_l1_bytes;
   const bool pipelined_rows =
       row_bytes >= pipelined_min_row_bytes
-          ? per_thread >= prefetch_min_bytes()
+          ? per_thread >= least
           : row_bytes >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 && pipelined_rows;
   p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
                    uniform_head_stride(p.values) &&
                    (p.prefetch == prefetch_walk::none ||
-                    (fits_l1 && per_thread >= prefetch_min_bytes() &&
+                    (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
 }
 
