@@ -258,12 +258,7 @@ HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* co
 
 /// Tile calls ScoreHeads makes for n rows and `heads` heads (the steps its feed is spread over).
 HWY_INLINE std::size_t ScoreTiles(std::size_t heads, std::size_t n) {
-#ifdef RINGKV_WIDE_TILES
-  const std::size_t quads = heads / 4 * (n / 4);
-  heads %= 4;
-#else
-  const std::size_t quads = 0;
-#endif
+  const std::size_t quads = TakeWideGroups(heads) * (n / 4);
   return quads + heads / 2 * (n / 4) + heads % 2 * (n / 8);
 }
 

@@ -179,6 +179,19 @@ HWY_INLINE void OuterStep4x4(VF w, VF x, VF z, VF u, VF y0, VF y1, VF y2, VF y3,
 }
 #endif
 
+/// How many groups of four heads the wide tiles take out of `heads` (0 without them), leaving
+/// in `heads` the rest for the pairs and a lone head (ScoreTiles and AccumulateTiles count so).
+HWY_INLINE std::size_t TakeWideGroups(std::size_t& heads) {
+#ifdef RINGKV_WIDE_TILES
+  const std::size_t groups = heads / 4;
+  heads %= 4;
+  return groups;
+#else
+  (void)heads;
+  return 0;
+#endif
+}
+
 /// Asks for the cache line at `address` with prefetcht1, the hint every prefetch here uses (t0,
 /// t2 and nta measured no better across shapes: README "Tuning measured", sessions 5, 7, 16, 17).
 HWY_INLINE void PrefetchLine(std::uintptr_t address) {

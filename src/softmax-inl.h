@@ -275,12 +275,7 @@ HWY_INLINE void AccumulateRest(DF d, std::size_t head_dim, const float* p, const
 HWY_INLINE std::size_t AccumulateTiles(DF d, std::size_t heads, std::size_t head_dim) {
   const std::size_t N = hn::Lanes(d);
   const std::size_t lone = head_dim / (8 * N) + head_dim % (8 * N) / (4 * N);
-#ifdef RINGKV_WIDE_TILES
-  const std::size_t quads = heads / 4 * (head_dim / (4 * N));
-  heads %= 4;
-#else
-  const std::size_t quads = 0;
-#endif
+  const std::size_t quads = TakeWideGroups(heads) * (head_dim / (4 * N));
   return quads + heads / 2 * (head_dim / (4 * N)) + heads % 2 * lone;
 }
 

@@ -634,9 +634,9 @@ BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_si
   // The softmax's blocks are 32 positions while one kv head's K and V take at most 1 MiB (4 MiB
   // when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
   // just past it; 8 kv heads make 8 MiB (read without software prefetch) and just past 8 MiB
-  // (prefetched where the L2 is 512 KiB or less), and the pool splits them. The block must follow the one head's bytes, so each
-  // head's bits are those it gets alone, with or without threads, and the answer stays within
-  // the reference's tolerance.
+  // (prefetched where the L2 is 512 KiB or less), and the pool splits them. The block must
+  // follow the one head's bytes, so each head's bits are those it gets alone, with or without
+  // threads, and the answer stays within the reference's tolerance.
   constexpr std::size_t kv = 8, dim = 64, end = 5000;
   ringkv::default_thread_pool three(3);
   const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
