@@ -55,6 +55,15 @@ std::size_t prefetch_min_bytes();
 // least prefetch_min_bytes() each but less than this (rows likely in the L3: 32 MiB here, shared
 // with other work) prefetches with the cheaper, dense walk (see line_feed).
 inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
+// ... and whose block of one kv head's K and V rows takes at most this (half the L1 of either
+// machine): the dense walk asks for this block's V rows while its scores are computed, and the
+// next block's K rows while its V rows are summed, so with larger blocks the lines asked for
+// and those in use overfill the L1. Blocks of 32 positions of 512-byte rows (32 KiB) came with
+// session 19, after the walk was measured with blocks of 16; on the Zen 3 (session 22, one
+// binary behind a temporary switch, fastest / median µs, D 128 / W 4096 / kv 2, 1 thread,
+// 8 MiB) the dense walk against none: 375 / 422 against 360 / 386 (5 rounds × 3), 426 / 480
+// against 368 / 472 (6 × 3), 425 / 620 against 366 / 607 (12 × 2; the spaced walk 421 / 781).
+inline constexpr std::size_t dense_prefetch_block_bytes = std::size_t(16) << 10;
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
 // AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
 // block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
@@ -147,11 +156,17 @@ inline std::size_t step_bytes(const problem& p) {
   return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes(p.keys.type);
 }
 
-/// How a step over `p` whose threads read `per_thread` bytes of K and V rows each should
-/// prefetch, given prefetch_min_bytes() as `least`; O(1).
+/// Bytes of one block of one kv head's K and V rows of `p` (p.block positions); O(1).
+inline std::size_t block_bytes(const problem& p) {
+  return p.block * 2 * p.head_dim * element_bytes(p.keys.type);
+}
+
+/// How a step over `p` (p.block set) whose threads read `per_thread` bytes of K and V rows each
+/// should prefetch, given prefetch_min_bytes() as `least`; O(1).
 inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
                                        std::size_t least) {
-  if (p.q_heads >= 2 * p.kv_heads && per_thread >= least && per_thread < dense_prefetch_max_bytes)
+  if (p.q_heads >= 2 * p.kv_heads && per_thread >= least &&
+      per_thread < dense_prefetch_max_bytes && block_bytes(p) <= dense_prefetch_block_bytes)
     return prefetch_walk::dense;
   return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
 }
@@ -176,8 +191,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
                 : block_positions;
   const std::size_t least = prefetch_min_bytes();
   p.prefetch = prefetch_walk_for(p, per_thread, least);
-  const bool fits_l1 =
-      side_by_side_heads * p.block * 2 * row_bytes <= side_by_side_l1_bytes;
+  const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
   const bool pipelined_rows =
       row_bytes >= pipelined_min_row_bytes
           ? per_thread >= least

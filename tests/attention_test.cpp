@@ -290,10 +290,11 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_windo
 }
 
 BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
-  // The step's rows take each of decode's prefetch walks: none (up to 8 MiB of K and V), dense
-  // (8 MiB with query heads sharing rows: 8/2 heads at D 128) and spaced (past 8 MiB otherwise);
+  // The step's rows take decode's prefetch walks none (up to 8 MiB of K and V, and 8/2 heads at
+  // D 128: 8 MiB in blocks of 32 KiB, too large for the dense walk) and spaced (past 8 MiB);
   // with one query head per kv head, four kv heads side by side without prefetch (1/1, 8/8 at
-  // D 3) and with the spaced walk (8/8 at D 64: 16 MiB of 256-byte rows).
+  // D 3) and with the spaced walk (8/8 at D 64: 16 MiB of 256-byte rows). The dense walk: the
+  // next case.
   const windowed_attention attention;
   error_log errors;
   for (const heads& hs : head_shapes)
@@ -316,6 +317,31 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
       });
     }
   errors.report("W 4096");
+}
+
+BOOST_AUTO_TEST_CASE(a_step_prefetched_with_the_dense_walk_matches_a_double_reference) {
+  // 8/2 heads at D 64 over 14,336 positions: 14 MiB of K and V, past both machines'
+  // prefetch_min_bytes() (8 and 12 MiB) and under 16 MiB, in blocks of 16 positions (8 KiB a
+  // block): the dense walk, which merges each block's rows into byte ranges (two here, where
+  // the window wraps inside a block).
+  constexpr std::size_t dim = 64, w = 14336, end = w + 1000 + 5;
+  const windowed_attention attention;
+  ring_fixture ring(2, dim, w + 3);
+  ring.append_until(end);
+  const auto query = make_query(8, dim, 11);
+  reference_attention ref(query, 2, dim, 1 / std::sqrt(double(dim)), {});
+  ref.add(end - w, end);
+  const windowed_kv k = ring.keys(end - w, end), v = ring.values(end - w, end);
+  BOOST_REQUIRE(k.wrapped());
+  std::vector<float> out(query.size());
+  error_log errors;
+  for_each_target([&](const char* target) {
+    attention.decode_step(query, k, v, out);
+    const double e = ref.relative_error(out);
+    errors.add(target, e);
+    BOOST_TEST(e <= 2e-6, target);  // 2e-6: see relative_error
+  });
+  errors.report("W 14336, dense walk");
 }
 
 BOOST_AUTO_TEST_CASE(an_explicit_scale_and_a_pinned_window_match_the_reference) {
