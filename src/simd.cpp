@@ -1,6 +1,7 @@
 // The Highway kernels' entry points (hwy/examples/skeleton.cc pattern): foreach_target.h compiles
 // this file once per target; HWY_EXPORT + HWY_DYNAMIC_DISPATCH pick the best target once per call.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -116,13 +117,33 @@ HWY_EXPORT(MergeImpl);
 HWY_EXPORT(FinishImpl);
 HWY_EXPORT(DecodeImpl);
 
-std::size_t prefetch_min_bytes() {
-  static const std::size_t least = [] {
-    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);  // 0 or -1 where the system does not say
-    return l2 > 0 && std::size_t(l2) > small_l2_bytes ? large_l2_prefetch_min_bytes
-                                                      : small_l2_prefetch_min_bytes;
+namespace {
+// Set only by tests, between steps (set_cache_kind_for_test); relaxed: no data rides on it.
+std::atomic<int> cache_kind_for_test{-1};
+}  // namespace
+
+cache_kind this_cache_kind() {
+  static const cache_kind here = [] {
+    // 0 or -1 where the system does not say: then the limits of the smallest caches.
+    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0 && std::size_t(l3) >= large_l3_bytes) return cache_kind::large_l3;
+    return l2 > 0 && std::size_t(l2) > small_l2_bytes ? cache_kind::large_l2 : cache_kind::small_l2;
   }();
-  return least;
+  const int forced = cache_kind_for_test.load(std::memory_order_relaxed);
+  return forced < 0 ? here : cache_kind(forced);
+}
+
+void set_cache_kind_for_test(const cache_kind* k) {
+  cache_kind_for_test.store(k ? int(*k) : -1, std::memory_order_relaxed);
+}
+
+std::size_t prefetch_min_bytes() {
+  switch (this_cache_kind()) {
+    case cache_kind::small_l2: return small_l2_prefetch_min_bytes;
+    case cache_kind::large_l2: return large_l2_prefetch_min_bytes;
+    case cache_kind::large_l3: break;
+  }
+  return large_l3_prefetch_min_bytes;
 }
 
 const char* target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetImpl)()); }

@@ -49,7 +49,25 @@ inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 inline constexpr std::size_t small_l2_prefetch_min_bytes = std::size_t(8) << 20;
 inline constexpr std::size_t large_l2_prefetch_min_bytes = std::size_t(12) << 20;
 inline constexpr std::size_t small_l2_bytes = std::size_t(512) << 10;
-/// This machine's threshold above (its L2 read once, from sysconf); O(1) after the first call.
+// A machine whose L3 holds at least large_l3_bytes (the Intel Xeon of session 23: 2 MiB L2 a
+// core, 480 MiB of L3 shared with the host's other guests) plans from the whole step's bytes,
+// since where rows come from depends on what all threads read together, and its hardware
+// prefetchers keep up with rows from the L3: no software prefetch up to
+// large_l3_prefetch_min_bytes, none of the pipelined reads up to large_l3_pipelined_min_bytes
+// (see plan_reads_large_l3; measured in bench/README, "Tuning measured", session 23).
+inline constexpr std::size_t large_l3_bytes = std::size_t(128) << 20;
+inline constexpr std::size_t large_l3_prefetch_min_bytes = std::size_t(48) << 20;
+inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 20;
+
+/// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, or an
+/// L3 of at least large_l3_bytes.
+enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3 };
+/// This machine's kind (its caches read once, from sysconf), or the one a test set; O(1).
+cache_kind this_cache_kind();
+/// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
+/// any machine); null restores this machine's own. Not thread-safe against running steps.
+void set_cache_kind_for_test(const cache_kind* k);
+/// The threshold above for this_cache_kind() (large_l3: large_l3_prefetch_min_bytes); O(1).
 std::size_t prefetch_min_bytes();
 // ... except that a step whose query heads share each kv row (GQA) and whose threads read at
 // least prefetch_min_bytes() each but less than this (rows likely in the L3: 32 MiB here, shared
@@ -179,6 +197,26 @@ inline bool uniform_head_stride(const window& w) {
   return w.run_count != 0;
 }
 
+/// Whether a step over `p` may take side_by_side_heads kv heads at a time (one query head per kv
+/// head, every run's heads equally spaced); O(runs).
+inline bool may_go_side_by_side(const problem& p) {
+  return !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
+         uniform_head_stride(p.values);
+}
+
+/// plan_reads' prefetch, pipelined and side_by_side on a large_l3 machine, from the step's
+/// `bytes` (all threads'). Measured there (one binary behind a temporary switch, fastest µs,
+/// bench/README "Tuning measured", session 23): with one query head per kv head, rows read
+/// without prefetch or pipelining were 4–16 % faster than the plan of a large_l2 machine up to
+/// 64 MiB, pipelined 12–35 % faster from 128 MiB; with GQA 4 the spaced walk was 6 % faster at
+/// 64 MiB and 2–9 % slower at 32 MiB and less.
+inline void plan_reads_large_l3(problem& p, std::size_t bytes, std::size_t row_bytes) {
+  p.prefetch = bytes > large_l3_prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
+  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
+                row_bytes >= pipelined_min_short_row_bytes && bytes > large_l3_pipelined_min_bytes;
+  p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
+}
+
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
 /// p.block, p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
@@ -189,6 +227,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
                 : block_positions;
+  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
   const std::size_t least = prefetch_min_bytes();
   p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
@@ -197,8 +236,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
           ? per_thread >= least
           : row_bytes >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 && pipelined_rows;
-  p.side_by_side = !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
-                   uniform_head_stride(p.values) &&
+  p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));

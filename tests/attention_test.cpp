@@ -17,6 +17,7 @@
 #include <range/v3/range/access.hpp>
 #include <range/v3/range/operations.hpp>
 
+#include "cache_kind.hpp"
 #include "count_new.hpp"
 #include "hwy_targets.hpp"
 #include "pseudo_random.hpp"
@@ -30,6 +31,7 @@ using ringkv::kv_run;
 using ringkv::tensor_view;
 using ringkv::windowed_attention;
 using ringkv::windowed_kv;
+using ringkv_test::cache_kind_override;
 using ringkv_test::for_each_target;
 using ringkv_test::pseudo_random;
 
@@ -290,11 +292,12 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_windo
 }
 
 BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
-  // The step's rows take decode's prefetch walks none (up to 8 MiB of K and V, and 8/2 heads at
-  // D 128: 8 MiB in blocks of 32 KiB, too large for the dense walk) and spaced (past 8 MiB);
-  // with one query head per kv head, four kv heads side by side without prefetch (1/1, 8/8 at
-  // D 3) and with the spaced walk (8/8 at D 64: 16 MiB of 256-byte rows). The dense walk: the
-  // next case.
+  // Planned as on the Zen 3 (a 512 KiB L2), the step's rows take decode's prefetch walks none
+  // (up to 8 MiB of K and V, and 8/2 heads at D 128: 8 MiB in blocks of 32 KiB, too large for
+  // the dense walk) and spaced (past 8 MiB); with one query head per kv head, four kv heads side
+  // by side without prefetch (1/1, 8/8 at D 3) and with the spaced walk (8/8 at D 64: 16 MiB of
+  // 256-byte rows). The dense walk: the next case.
+  const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
   const windowed_attention attention;
   error_log errors;
   for (const heads& hs : head_shapes)
@@ -320,10 +323,11 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
 }
 
 BOOST_AUTO_TEST_CASE(a_step_prefetched_with_the_dense_walk_matches_a_double_reference) {
-  // 8/2 heads at D 64 over 14,336 positions: 14 MiB of K and V, past both machines'
-  // prefetch_min_bytes() (8 and 12 MiB) and under 16 MiB, in blocks of 16 positions (8 KiB a
+  // 8/2 heads at D 64 over 14,336 positions: 14 MiB of K and V, past the prefetch_min_bytes()
+  // of either L2 kind (8 and 12 MiB) and under 16 MiB, in blocks of 16 positions (8 KiB a
   // block): the dense walk, which merges each block's rows into byte ranges (two here, where
-  // the window wraps inside a block).
+  // the window wraps inside a block). Planned as on each L2 kind: a large_l3 machine never
+  // takes the dense walk.
   constexpr std::size_t dim = 64, w = 14336, end = w + 1000 + 5;
   const windowed_attention attention;
   ring_fixture ring(2, dim, w + 3);
@@ -335,12 +339,15 @@ BOOST_AUTO_TEST_CASE(a_step_prefetched_with_the_dense_walk_matches_a_double_refe
   BOOST_REQUIRE(k.wrapped());
   std::vector<float> out(query.size());
   error_log errors;
-  for_each_target([&](const char* target) {
-    attention.decode_step(query, k, v, out);
-    const double e = ref.relative_error(out);
-    errors.add(target, e);
-    BOOST_TEST(e <= 2e-6, target);  // 2e-6: see relative_error
-  });
+  for (const auto kind : {ringkv::simd::cache_kind::small_l2, ringkv::simd::cache_kind::large_l2}) {
+    const cache_kind_override as(kind);
+    for_each_target([&](const char* target) {
+      attention.decode_step(query, k, v, out);
+      const double e = ref.relative_error(out);
+      errors.add(target, e);
+      BOOST_TEST(e <= 2e-6, target << " cache kind " << int(kind));  // 2e-6: see relative_error
+    });
+  }
   errors.report("W 14336, dense walk");
 }
 
@@ -393,6 +400,50 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
   // And the rule is not vacuous: one more position (p − W) changes the answer completely.
   attention.decode_step(query, ring.keys(p - w, p + 1), ring.values(p - w, p + 1), out);
   for (float x : out) BOOST_TEST(x > 900.0f);
+}
+
+// ---- read plans --------------------------------------------------------------------------
+
+namespace {
+
+/// A step's problem as plan_reads sees it: W positions of q/kv heads of D f32 elements, one run
+/// laid out [positions, kv heads, D] (no rows behind it: plan_reads reads only the geometry).
+ringkv::simd::problem plan_of(std::size_t q, std::size_t kv, std::size_t dim, std::size_t w,
+                              std::size_t threads) {
+  ringkv::simd::problem p;
+  p.q_heads = q, p.kv_heads = kv, p.head_dim = dim;
+  for (ringkv::simd::window* side : {&p.keys, &p.values}) {
+    side->runs[0] = {.head_stride = dim * 4, .position_stride = kv * dim * 4, .first = 0,
+                     .count = w};
+    side->run_count = 1;
+  }
+  ringkv::simd::plan_reads(p, threads);
+  return p;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
+  using ringkv::simd::prefetch_walk;
+  const cache_kind_override as(ringkv::simd::cache_kind::large_l3);
+  for (const std::size_t threads : {1, 2}) {
+    // 32 MiB, one query head a kv head: no prefetch and no pipelining on either thread count
+    // (on a small L2, 16 MiB a thread is pipelined: checked below), four kv heads side by side.
+    auto p = plan_of(8, 8, 128, 4096, threads);
+    BOOST_TEST((p.prefetch == prefetch_walk::none && !p.pipelined && p.side_by_side));
+    // 32 MiB with GQA 4: no prefetch; 64 MiB: the spaced walk, never the dense one.
+    BOOST_TEST((plan_of(8, 2, 64, 32768, threads).prefetch == prefetch_walk::none));
+    p = plan_of(8, 2, 128, 32768, threads);
+    BOOST_TEST((p.prefetch == prefetch_walk::spaced && !p.pipelined && !p.side_by_side));
+    // 64 MiB of 256-byte rows, one query head a kv head: not pipelined; 128 MiB: pipelined, with
+    // the spaced walk.
+    BOOST_TEST(!plan_of(8, 8, 64, 16384, threads).pipelined);
+    p = plan_of(8, 8, 64, 32768, threads);
+    BOOST_TEST((p.prefetch == prefetch_walk::spaced && p.pipelined && !p.side_by_side));
+  }
+  // The same 32 MiB step planned for a 512 KiB L2 is pipelined: the kind decides.
+  const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
+  BOOST_TEST(plan_of(8, 8, 128, 4096, 2).pipelined);
 }
 
 // ---- determinism (M2-A4) ----------------------------------------------------------------------
@@ -618,13 +669,14 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
 }
 
 BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_bits_read_in_blocks) {
-  // One query head per kv head, f32 rows of at least 512 bytes and at least 12 MiB of K and V
-  // (past both machines' prefetch_min_bytes(): 8 MiB on a 512 KiB L2, 12 MiB on a larger one),
-  // or rows of 256 bytes and more than 16 MiB: the kernel reads each head's rows pipelined (the
-  // next block's K rows between this block's V rows, the block's V sum kept in memory). A head
+  // Planned as on the Zen 3 (a 512 KiB L2): one query head per kv head, f32 rows of at least
+  // 512 bytes and at least 12 MiB of K and V (past prefetch_min_bytes(): 8 MiB), or rows of
+  // 256 bytes and more than 16 MiB: the kernel reads each head's rows pipelined (the next
+  // block's K rows between this block's V rows, the block's V sum kept in memory). A head
   // alone (1.6–2.2 MB) is read block by block. The bits must be the same, on every target,
   // with a tail (D 130 is not whole vectors), with pinned positions (a gap in the window) and
   // across segments (W 1600 and 4200).
+  const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
   struct layout {
     std::size_t dim, keep, w;
   };
