@@ -7,8 +7,9 @@
 //   every row, whichever run holds it;
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
-//   cached_block_positions for a step whose rows are likely in the caches; decided from one kv
-//   head's bytes and the GQA group, never from the other heads or the threads): the block's
+//   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
+//   for such a step of 256 positions or more on a large_l3 machine; decided from one kv head's
+//   bytes, the window and the GQA group, never from the other heads or the threads): the block's
 //   scores, one max and rescale per block, exp of the block's scores (Highway vector Exp), the
 //   block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
@@ -32,7 +33,16 @@ inline constexpr std::size_t block_positions = 16;
 // 43.9 against 39.2, D 64 / W 4096 / kv 2 213 against 193; D 128 / W 4096 / kv 2 (4 MiB a
 // head) 258 against 182 on 2 threads, but 369–396 against 400–429 on 1 (8 MiB from the L3).
 inline constexpr std::size_t cached_block_positions = 32;
-inline constexpr std::size_t max_block_positions = cached_block_positions;
+// ... and on a large_l3 machine (below), such a step whose window holds at least
+// wide_block_min_positions takes blocks of this many: half the softmax steps again. Measured
+// there (one binary behind a temporary switch, 3 rounds × 3, fastest µs, 64 against 32;
+// bench/README "Tuning measured", session 23): 0.83–0.98× at W 256–2048 with one query head a
+// kv head, 0.88–0.98× at W 256–4096 with GQA 4, but 1.03–1.10× at W 64 (a window of one or two
+// blocks). Not on the Zen machines, whose L1 (32 KiB on the Zen 3) a block of 64 D 128 rows
+// of K and V overfills twice.
+inline constexpr std::size_t wide_block_positions = 64;
+inline constexpr std::size_t wide_block_min_positions = 256;
+inline constexpr std::size_t max_block_positions = wide_block_positions;
 inline constexpr std::size_t cached_head_bytes = std::size_t(1) << 20;
 inline constexpr std::size_t cached_shared_head_bytes = std::size_t(4) << 20;
 inline constexpr std::size_t segment_positions = 1024;
@@ -224,10 +234,11 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
   const std::size_t head_bytes = bytes / p.kv_heads;  // one kv head's K and V rows
   const bool shared = p.q_heads > p.kv_heads;
-  p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
-                ? cached_block_positions
-                : block_positions;
-  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
+  const bool cached = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes);
+  const bool large_l3 = this_cache_kind() == cache_kind::large_l3;
+  const bool wide = large_l3 && position_count(p.keys) >= wide_block_min_positions;
+  p.block = !cached ? block_positions : wide ? wide_block_positions : cached_block_positions;
+  if (large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
   const std::size_t least = prefetch_min_bytes();
   p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;

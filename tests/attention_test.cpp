@@ -441,9 +441,18 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
     p = plan_of(8, 8, 64, 32768, threads);
     BOOST_TEST((p.prefetch == prefetch_walk::spaced && p.pipelined && !p.side_by_side));
   }
-  // The same 32 MiB step planned for a 512 KiB L2 is pipelined: the kind decides.
+  // Blocks: 64 positions in the caches from W 256 (4 MiB a kv head with GQA 4, 1 MiB without),
+  // 32 below, 16 past those bytes.
+  BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);
+  BOOST_TEST(plan_of(8, 8, 64, 2048, 1).block == 64u);
+  BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);
+  BOOST_TEST(plan_of(8, 8, 64, 2049, 1).block == 16u);
+  BOOST_TEST(plan_of(8, 2, 128, 4097, 1).block == 16u);
+  // The same 32 MiB step planned for a 512 KiB L2 is pipelined, and its W 256 in blocks of 32:
+  // the kind decides.
   const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
   BOOST_TEST(plan_of(8, 8, 128, 4096, 2).pipelined);
+  BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 32u);
 }
 
 // ---- determinism (M2-A4) ----------------------------------------------------------------------
@@ -483,6 +492,48 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
   }
   BOOST_TEST(wrapped > 300u);  // most windows straddle the ring's end
   BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
+}
+
+BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_never_wrapped_cache) {
+  // Planned as on a large_l3 machine, a step in the caches whose window holds 256 positions or
+  // more takes blocks of 64. Wherever the ring wraps (nine ends, 29 positions apart: inside
+  // blocks and on their edges), the outputs equal a never-wrapped cache's bit for bit, on every
+  // target, and stay within the reference's tolerance; 3 threads give the same bits (W 1100 has
+  // two segments). head_dim 44 is not whole vectors; 4/4 takes four kv heads side by side.
+  const cache_kind_override as(ringkv::simd::cache_kind::large_l3);
+  ringkv::default_thread_pool three(3);
+  const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
+  constexpr std::size_t dim = 44;
+  for (const heads hs : {heads{8, 2}, heads{4, 4}})
+    for (const std::size_t w : {256, 300, 1100}) {
+      BOOST_REQUIRE(plan_of(hs.q, hs.kv, dim, w, 1).block == 64u);
+      ring_fixture flat(hs.kv, dim, 4 * (w + 5) + 9 * 29);
+      flat.append_until(4 * (w + 5) + 9 * 29);
+      ring_fixture ring(hs.kv, dim, w + 5);
+      const auto query = make_query(hs.q, dim, 13);
+      const auto sinks = make_sinks(hs.q);
+      std::vector<float> a(hs.q * dim), b(a.size()), c(a.size());
+      for (std::size_t j = 0; j < 9; ++j) {
+        const std::size_t end = 3 * (w + 5) + 1 + j * 29;
+        ring.append_until(end);
+        const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
+        const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
+        BOOST_REQUIRE(rk.wrapped());
+        reference_attention ref(query, hs.kv, dim, 1 / std::sqrt(double(dim)), sinks);
+        ref.add(end - w, end);
+        for_each_target([&](const char* target) {
+          plain.decode_step(query, rk, rv, a, 0.0f, sinks);
+          plain.decode_step(query, fk, fv, b, 0.0f, sinks);
+          pooled.decode_step(query, rk, rv, c, 0.0f, sinks);
+          const std::string where = std::string(target) + " heads " + std::to_string(hs.q) +
+                                    "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
+                                    " end " + std::to_string(end);
+          BOOST_TEST(same_bits(a, b), where);
+          BOOST_TEST(same_bits(a, c), where);
+          BOOST_TEST(ref.relative_error(a) <= 2e-6, where);  // see relative_error
+        });
+      }
+    }
 }
 
 BOOST_AUTO_TEST_CASE(a_pinned_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits) {
@@ -709,8 +760,8 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
 }
 
 BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
-  // The softmax's blocks are 32 positions while one kv head's K and V take at most 1 MiB (4 MiB
-  // when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
+  // The softmax's blocks are 32 positions (64 on a large_l3 machine) while one kv head's K and
+  // V take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
   // just past it; 8 kv heads make 8 MiB (read without software prefetch) and just past 8 MiB
   // (prefetched where the L2 is 512 KiB or less), and the pool splits them. The block must
   // follow the one head's bytes, so each head's bits are those it gets alone, with or without
