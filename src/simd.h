@@ -8,7 +8,7 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for such a step of 256 positions or more on a large_l3 machine; decided from one kv head's
+//   for any step of 256 positions or more on a large_l3 machine; decided from one kv head's
 //   bytes, the window and the GQA group, never from the other heads or the threads): the block's
 //   scores, one max and rescale per block, exp of the block's scores (Highway vector Exp), the
 //   block's V rows summed, then folded into the state;
@@ -33,13 +33,16 @@ inline constexpr std::size_t block_positions = 16;
 // 43.9 against 39.2, D 64 / W 4096 / kv 2 213 against 193; D 128 / W 4096 / kv 2 (4 MiB a
 // head) 258 against 182 on 2 threads, but 369–396 against 400–429 on 1 (8 MiB from the L3).
 inline constexpr std::size_t cached_block_positions = 32;
-// ... and on a large_l3 machine (below), such a step whose window holds at least
-// wide_block_min_positions takes blocks of this many: half the softmax steps again. Measured
-// there (one binary behind a temporary switch, 3 rounds × 3, fastest µs, 64 against 32;
-// bench/README "Tuning measured", session 23): 0.83–0.98× at W 256–2048 with one query head a
-// kv head, 0.88–0.98× at W 256–4096 with GQA 4, but 1.03–1.10× at W 64 (a window of one or two
-// blocks). Not on the Zen machines, whose L1 (32 KiB on the Zen 3) a block of 64 D 128 rows
-// of K and V overfills twice.
+// On a large_l3 machine (below) a step whose window holds at least wide_block_min_positions
+// takes blocks of this many, whatever its bytes (so a head's bits still depend only on the
+// window): half the softmax steps again. Measured there (one binary behind a temporary switch,
+// fastest µs; bench/README "Tuning measured", session 23): against 32, 0.83–0.98× at W
+// 256–2048 with one query head a kv head and 0.88–0.98× at W 256–4096 with GQA 4, but
+// 1.03–1.10× at W 64 (a window of one or two blocks); against 16 past the bytes above, GQA 4
+// 0.87–0.95× (D 64 / W 16384 and 32768, D 128 / W 8192), pipelined rows 0.84–0.96× (D 64 /
+// W 32768, D 128 / W 16384 and 32768), W 4096 / kv 8 level, and 1.02–1.09× with the spaced
+// walk (D 128 / W 32768 / kv 2, 64 MiB with kv 8). Not on the Zen machines, whose L1 (32 KiB
+// on the Zen 3) a block of 64 D 128 rows of K and V overfills.
 inline constexpr std::size_t wide_block_positions = 64;
 inline constexpr std::size_t wide_block_min_positions = 256;
 inline constexpr std::size_t max_block_positions = wide_block_positions;
@@ -225,6 +228,7 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes, std::size_t row_b
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
                 row_bytes >= pipelined_min_short_row_bytes && bytes > large_l3_pipelined_min_bytes;
   p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
+  if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
@@ -234,11 +238,10 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
   const std::size_t head_bytes = bytes / p.kv_heads;  // one kv head's K and V rows
   const bool shared = p.q_heads > p.kv_heads;
-  const bool cached = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes);
-  const bool large_l3 = this_cache_kind() == cache_kind::large_l3;
-  const bool wide = large_l3 && position_count(p.keys) >= wide_block_min_positions;
-  p.block = !cached ? block_positions : wide ? wide_block_positions : cached_block_positions;
-  if (large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
+  p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
+                ? cached_block_positions
+                : block_positions;
+  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
   const std::size_t least = prefetch_min_bytes();
   p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;

@@ -12,6 +12,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 #include <range/v3/iterator/operations.hpp>
 #include <range/v3/range/access.hpp>
@@ -441,13 +442,12 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
     p = plan_of(8, 8, 64, 32768, threads);
     BOOST_TEST((p.prefetch == prefetch_walk::spaced && p.pipelined && !p.side_by_side));
   }
-  // Blocks: 64 positions in the caches from W 256 (4 MiB a kv head with GQA 4, 1 MiB without),
-  // 32 below, 16 past those bytes.
+  // Blocks: 64 positions from W 256 whatever the bytes; below W 256, 32 while a kv head takes
+  // at most 1 MiB (4 MiB with GQA 4), else 16, as on the other kinds.
   BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);
-  BOOST_TEST(plan_of(8, 8, 64, 2048, 1).block == 64u);
+  BOOST_TEST(plan_of(8, 8, 128, 32768, 2).block == 64u);
   BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);
-  BOOST_TEST(plan_of(8, 8, 64, 2049, 1).block == 16u);
-  BOOST_TEST(plan_of(8, 2, 128, 4097, 1).block == 16u);
+  BOOST_TEST(plan_of(8, 8, 2048, 255, 1).block == 16u);
   // The same 32 MiB step planned for a 512 KiB L2 is pipelined, and its W 256 in blocks of 32:
   // the kind decides.
   const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
@@ -495,8 +495,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
 }
 
 BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_never_wrapped_cache) {
-  // Planned as on a large_l3 machine, a step in the caches whose window holds 256 positions or
-  // more takes blocks of 64. Wherever the ring wraps (nine ends, 29 positions apart: inside
+  // Planned as on a large_l3 machine, a step whose window holds 256 positions or more takes
+  // blocks of 64. Wherever the ring wraps (nine ends, 29 positions apart: inside
   // blocks and on their edges), the outputs equal a never-wrapped cache's bit for bit, on every
   // target, and stay within the reference's tolerance; 3 threads give the same bits (W 1100 has
   // two segments). head_dim 44 is not whole vectors; 4/4 takes four kv heads side by side.
@@ -760,16 +760,22 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
 }
 
 BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
-  // The softmax's blocks are 32 positions (64 on a large_l3 machine) while one kv head's K and
-  // V take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
+  // Planned as on the Zen 3, the softmax's blocks are 32 positions while one kv head's K and V
+  // take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
   // just past it; 8 kv heads make 8 MiB (read without software prefetch) and just past 8 MiB
   // (prefetched where the L2 is 512 KiB or less), and the pool splits them. The block must
   // follow the one head's bytes, so each head's bits are those it gets alone, with or without
-  // threads, and the answer stays within the reference's tolerance.
+  // threads, and the answer stays within the reference's tolerance. Planned as on a large_l3
+  // machine (blocks of 64 either side), the same must hold.
   constexpr std::size_t kv = 8, dim = 64, end = 5000;
   ringkv::default_thread_pool three(3);
   const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
-  for (const std::size_t w : {std::size_t{2048}, std::size_t{2049}}) {
+  using ringkv::simd::cache_kind;
+  for (const auto [kind, w] : {std::pair{cache_kind::small_l2, std::size_t{2048}},
+                               std::pair{cache_kind::small_l2, std::size_t{2049}},
+                               std::pair{cache_kind::large_l3, std::size_t{2048}},
+                               std::pair{cache_kind::large_l3, std::size_t{2049}}}) {
+    const cache_kind_override as(kind);
     ring_fixture ring(kv, dim, w + 5);
     ring.append_until(end);
     const windowed_kv k = ring.keys(end - w, end), v = ring.values(end - w, end);
@@ -781,10 +787,11 @@ BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_si
     for_each_target([&](const char* target) {
       plain.decode_step(query, k, v, all);
       pooled.decode_step(query, k, v, split);
-      BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " W " << w);
-      BOOST_TEST(same_bits(split, all), target << " W " << w);
+      BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " W " << w << " kind " << int(kind));
+      BOOST_TEST(same_bits(split, all), target << " W " << w << " kind " << int(kind));
       expect_each_head_as_alone(plain, query, k, v, all,
-                                std::string(target) + ", W " + std::to_string(w));
+                                std::string(target) + ", W " + std::to_string(w) + ", kind " +
+                                    std::to_string(int(kind)));
     });
   }
 }
