@@ -182,14 +182,17 @@ struct problem {
 /// Bytes of one element of a row of type `type`; O(1).
 inline std::size_t element_bytes(element type) { return type == element::f32 ? 4 : 2; }
 
+/// Bytes of one K or V row of `p` (one head, one position); O(1).
+inline std::size_t row_bytes(const problem& p) { return p.head_dim * element_bytes(p.keys.type); }
+
 /// Bytes of K and V rows a step over `p` reads (every kv head, both windows); O(runs).
 inline std::size_t step_bytes(const problem& p) {
-  return 2 * position_count(p.keys) * p.kv_heads * p.head_dim * element_bytes(p.keys.type);
+  return 2 * position_count(p.keys) * p.kv_heads * row_bytes(p);
 }
 
 /// Bytes of one block of one kv head's K and V rows of `p` (p.block positions); O(1).
 inline std::size_t block_bytes(const problem& p) {
-  return p.block * 2 * p.head_dim * element_bytes(p.keys.type);
+  return p.block * 2 * row_bytes(p);
 }
 
 /// How a step over `p` (p.block set) whose threads read `per_thread` bytes of K and V rows each
@@ -223,10 +226,11 @@ inline bool may_go_side_by_side(const problem& p) {
 /// without prefetch or pipelining were 4–16 % faster than the plan of a large_l2 machine up to
 /// 64 MiB, pipelined 12–35 % faster from 128 MiB; with GQA 4 the spaced walk was 6 % faster at
 /// 64 MiB and 2–9 % slower at 32 MiB and less.
-inline void plan_reads_large_l3(problem& p, std::size_t bytes, std::size_t row_bytes) {
+inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
   p.prefetch = bytes > large_l3_prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
-                row_bytes >= pipelined_min_short_row_bytes && bytes > large_l3_pipelined_min_bytes;
+                row_bytes(p) >= pipelined_min_short_row_bytes &&
+                bytes > large_l3_pipelined_min_bytes;
   p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
   if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
 }
@@ -235,20 +239,20 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes, std::size_t row_b
 /// p.block, p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
   const std::size_t bytes = step_bytes(p), per_thread = bytes / (threads == 0 ? 1 : threads);
-  const std::size_t row_bytes = p.head_dim * element_bytes(p.keys.type);
+  const std::size_t row = row_bytes(p);
   const std::size_t head_bytes = bytes / p.kv_heads;  // one kv head's K and V rows
   const bool shared = p.q_heads > p.kv_heads;
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
                 : block_positions;
-  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes, row_bytes);
+  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes);
   const std::size_t least = prefetch_min_bytes();
   p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
   const bool pipelined_rows =
-      row_bytes >= pipelined_min_row_bytes
+      row >= pipelined_min_row_bytes
           ? per_thread >= least
-          : row_bytes >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
+          : row >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
   p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 && pipelined_rows;
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
