@@ -137,15 +137,6 @@ void set_cache_kind_for_test(const cache_kind* k) {
   cache_kind_for_test.store(k ? int(*k) : -1, std::memory_order_relaxed);
 }
 
-std::size_t prefetch_min_bytes() {
-  switch (this_cache_kind()) {
-    case cache_kind::small_l2: return small_l2_prefetch_min_bytes;
-    case cache_kind::large_l2: return large_l2_prefetch_min_bytes;
-    case cache_kind::large_l3: break;
-  }
-  return large_l3_prefetch_min_bytes;
-}
-
 const char* target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetImpl)()); }
 float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);

@@ -50,7 +50,7 @@ inline constexpr std::size_t cached_head_bytes = std::size_t(1) << 20;
 inline constexpr std::size_t cached_shared_head_bytes = std::size_t(4) << 20;
 inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
-// Decode prefetches K/V rows itself only when a thread reads more than prefetch_min_bytes() of
+// Decode prefetches K/V rows itself only when a thread reads more than prefetch_min_bytes of
 // them: a window that small is likely still in the caches, where the hardware prefetchers keep
 // up and the software ones only cost issue slots (measured in softmax-inl.h, AttendRange).
 // 8 MiB where the L2 holds at most 512 KiB (the Zen 3 of sessions 1–20), 12 MiB where it holds
@@ -80,10 +80,14 @@ cache_kind this_cache_kind();
 /// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
 /// any machine); null restores this machine's own. Not thread-safe against running steps.
 void set_cache_kind_for_test(const cache_kind* k);
-/// The threshold above for this_cache_kind() (large_l3: large_l3_prefetch_min_bytes); O(1).
-std::size_t prefetch_min_bytes();
+/// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes); O(1).
+inline std::size_t prefetch_min_bytes(cache_kind k) {
+  return k == cache_kind::small_l2   ? small_l2_prefetch_min_bytes
+         : k == cache_kind::large_l2 ? large_l2_prefetch_min_bytes
+                                     : large_l3_prefetch_min_bytes;
+}
 // ... except that a step whose query heads share each kv row (GQA) and whose threads read at
-// least prefetch_min_bytes() each but less than this (rows likely in the L3: 32 MiB here, shared
+// least prefetch_min_bytes each but less than this (rows likely in the L3: 32 MiB here, shared
 // with other work) prefetches with the cheaper, dense walk (see line_feed).
 inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // ... and whose block of one kv head's K and V rows takes at most this (half the L1 of either
@@ -98,11 +102,11 @@ inline constexpr std::size_t dense_prefetch_block_bytes = std::size_t(16) << 10;
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
 // AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
 // block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
-// thread reads prefetch_min_bytes() to dense_prefetch_max_bytes (rows likely in the L3).
+// thread reads prefetch_min_bytes to dense_prefetch_max_bytes (rows likely in the L3).
 inline constexpr std::size_t side_by_side_heads = 4;
 inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // With one query head per kv head, f32 rows of at least this many bytes and at least
-// prefetch_min_bytes() a thread (rows from the L3 or memory), a chunk reads its rows pipelined
+// prefetch_min_bytes a thread (rows from the L3 or memory), a chunk reads its rows pipelined
 // (PipelineBlocks) instead of in blocks with software prefetch. Measured in one binary (10
 // interleaved repetitions, fastest / median µs, D 128 / kv 8): W 2048 (16 MiB) 411 / 459
 // against 475 / 496, on 2 threads 198 / 224 against 249 / 274; W 4096 1,250 / 1,572 against
@@ -196,7 +200,7 @@ inline std::size_t block_bytes(const problem& p) {
 }
 
 /// How a step over `p` (p.block set) whose threads read `per_thread` bytes of K and V rows each
-/// should prefetch, given prefetch_min_bytes() as `least`; O(1).
+/// should prefetch, given prefetch_min_bytes as `least`; O(1).
 inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
                                        std::size_t least) {
   if (p.q_heads >= 2 * p.kv_heads && per_thread >= least &&
@@ -214,7 +218,7 @@ inline bool uniform_head_stride(const window& w) {
 }
 
 /// Whether a step over `p` may take side_by_side_heads kv heads at a time (one query head per kv
-/// head, every run's heads equally spaced); O(runs).
+/// head, every run's heads equally spaced, not pipelined: set p.pipelined first); O(runs).
 inline bool may_go_side_by_side(const problem& p) {
   return !p.pipelined && p.q_heads == p.kv_heads && uniform_head_stride(p.keys) &&
          uniform_head_stride(p.values);
@@ -245,8 +249,9 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.block = head_bytes <= (shared ? cached_shared_head_bytes : cached_head_bytes)
                 ? cached_block_positions
                 : block_positions;
-  if (this_cache_kind() == cache_kind::large_l3) return plan_reads_large_l3(p, bytes);
-  const std::size_t least = prefetch_min_bytes();
+  const cache_kind kind = this_cache_kind();
+  if (kind == cache_kind::large_l3) return plan_reads_large_l3(p, bytes);
+  const std::size_t least = prefetch_min_bytes(kind);
   p.prefetch = prefetch_walk_for(p, per_thread, least);
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
   const bool pipelined_rows =

@@ -324,7 +324,7 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_over_4096_positions) {
 }
 
 BOOST_AUTO_TEST_CASE(a_step_prefetched_with_the_dense_walk_matches_a_double_reference) {
-  // 8/2 heads at D 64 over 14,336 positions: 14 MiB of K and V, past the prefetch_min_bytes()
+  // 8/2 heads at D 64 over 14,336 positions: 14 MiB of K and V, past the prefetch_min_bytes
   // of either L2 kind (8 and 12 MiB) and under 16 MiB, in blocks of 16 positions (8 KiB a
   // block): the dense walk, which merges each block's rows into byte ranges (two here, where
   // the window wraps inside a block). Planned as on each L2 kind: a large_l3 machine never
@@ -507,8 +507,9 @@ BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_ne
   for (const heads hs : {heads{8, 2}, heads{4, 4}})
     for (const std::size_t w : {256, 300, 1100}) {
       BOOST_REQUIRE(plan_of(hs.q, hs.kv, dim, w, 1).block == 64u);
-      ring_fixture flat(hs.kv, dim, 4 * (w + 5) + 9 * 29);
-      flat.append_until(4 * (w + 5) + 9 * 29);
+      const std::size_t last = 4 * (w + 5) + 9 * 29;  // past the last window's end
+      ring_fixture flat(hs.kv, dim, last);
+      flat.append_until(last);
       ring_fixture ring(hs.kv, dim, w + 5);
       const auto query = make_query(hs.q, dim, 13);
       const auto sinks = make_sinks(hs.q);
@@ -721,7 +722,7 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
 
 BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_bits_read_in_blocks) {
   // Planned as on the Zen 3 (a 512 KiB L2): one query head per kv head, f32 rows of at least
-  // 512 bytes and at least 12 MiB of K and V (past prefetch_min_bytes(): 8 MiB), or rows of
+  // 512 bytes and at least 12 MiB of K and V (past prefetch_min_bytes: 8 MiB), or rows of
   // 256 bytes and more than 16 MiB: the kernel reads each head's rows pipelined (the next
   // block's K rows between this block's V rows, the block's V sum kept in memory). A head
   // alone (1.6–2.2 MB) is read block by block. The bits must be the same, on every target,
@@ -761,12 +762,12 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
 
 BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
   // Planned as on the Zen 3, the softmax's blocks are 32 positions while one kv head's K and V
-  // take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is 1 MiB a head exactly, W 2049
-  // just past it; 8 kv heads make 8 MiB (read without software prefetch) and just past 8 MiB
-  // (prefetched where the L2 is 512 KiB or less), and the pool splits them. The block must
-  // follow the one head's bytes, so each head's bits are those it gets alone, with or without
-  // threads, and the answer stays within the reference's tolerance. Planned as on a large_l3
-  // machine (blocks of 64 either side), the same must hold.
+  // take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is
+  // 1 MiB a head exactly, W 2049 just past it; 8 kv heads make 8 MiB (read without software
+  // prefetch) and just past 8 MiB (prefetched where the L2 is 512 KiB or less), and the pool
+  // splits them. The block must follow the one head's bytes, so each head's bits are those it
+  // gets alone, with or without threads, and the answer stays within the reference's
+  // tolerance. Planned as on a large_l3 machine (blocks of 64 either side), the same must hold.
   constexpr std::size_t kv = 8, dim = 64, end = 5000;
   ringkv::default_thread_pool three(3);
   const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
