@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "rows-inl.h"
@@ -244,16 +245,37 @@ HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* ro
 /// Scores of rows [from, n) for one head, eight at a time. Each row is read from element `skip`
 /// on: 0 for the rows themselves, h · (elements between kv heads) for the same positions' rows
 /// of the kv head h further on (AttendSpread's heads), the same loads as from their own pointers.
-template <class Loader>
-HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
-                          std::size_t from, std::size_t n, std::size_t dim, float* s,
-                          line_feed& feed, std::size_t skip = 0) {
+/// `Dim` is head_dim when known at compile time (see ScoreRows), else 0.
+template <class Loader, std::size_t Dim>
+HWY_INLINE void ScoreRowsOf(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
+                            std::size_t from, std::size_t n, std::size_t head_dim, float* s,
+                            line_feed& feed, std::size_t skip) {
+  const std::size_t dim = Dim != 0 ? Dim : head_dim;
   std::size_t j = from;
   for (; j + 8 <= n; j += 8) {
     Score8x1<Loader>(d, q, k + j, dim, s + j, skip);
     feed.step();
   }
   for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim, skip);
+}
+
+// head_dims the f32 score tiles are compiled for as constants besides the general case: their
+// loops over head_dim unroll (bench/README "Tuning measured", session 24; for f16 rows it was as
+// often slower as faster). The arithmetic is the same either way.
+inline constexpr std::size_t unrolled_dims[] = {64, 128};
+
+/// ScoreRowsOf, with head_dim a constant for f32 rows where it is one of unrolled_dims.
+template <class Loader>
+HWY_INLINE void ScoreRows(DF d, const float* HWY_RESTRICT q, const std::byte* const* k,
+                          std::size_t from, std::size_t n, std::size_t dim, float* s,
+                          line_feed& feed, std::size_t skip = 0) {
+  if constexpr (std::is_same_v<typename Loader::type, float>) {
+    if (dim == unrolled_dims[0])
+      return ScoreRowsOf<Loader, unrolled_dims[0]>(d, q, k, from, n, dim, s, feed, skip);
+    if (dim == unrolled_dims[1])
+      return ScoreRowsOf<Loader, unrolled_dims[1]>(d, q, k, from, n, dim, s, feed, skip);
+  }
+  ScoreRowsOf<Loader, 0>(d, q, k, from, n, dim, s, feed, skip);
 }
 
 /// Tile calls ScoreHeads makes for n rows and `heads` heads (the steps its feed is spread over).
@@ -265,10 +287,13 @@ HWY_INLINE std::size_t ScoreTiles(std::size_t heads, std::size_t n) {
 /// Scores of n rows for `heads` query heads (rows qs + h·q_stride, scores s + h·s_stride):
 /// heads in fours (RINGKV_WIDE_TILES) or pairs sharing each K load, four rows at a time; the
 /// rest one head at a time. The feed gets a step after each tile.
-template <class Loader>
-HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
-                           std::size_t heads, const std::byte* const* k, std::size_t n,
-                           std::size_t dim, float* s, std::size_t s_stride, line_feed& feed) {
+/// `Dim` as in ScoreRowsOf.
+template <class Loader, std::size_t Dim>
+HWY_INLINE void ScoreHeadsOf(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
+                             std::size_t heads, const std::byte* const* k, std::size_t n,
+                             std::size_t head_dim, float* s, std::size_t s_stride,
+                             line_feed& feed) {
+  const std::size_t dim = Dim != 0 ? Dim : head_dim;
   std::size_t h = 0;
 #ifdef RINGKV_WIDE_TILES
   for (; h + 4 <= heads; h += 4) {
@@ -280,7 +305,7 @@ HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_str
       feed.step();
     }
     for (std::size_t g = 0; g < 4; ++g)
-      ScoreRows<Loader>(d, q + g * q_stride, k, j, n, dim, sh + g * s_stride, feed);
+      ScoreRowsOf<Loader, Dim>(d, q + g * q_stride, k, j, n, dim, sh + g * s_stride, feed, 0);
   }
 #endif
   for (; h + 2 <= heads; h += 2) {
@@ -293,10 +318,27 @@ HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_str
       Score4x2<Loader>(d, qa, qb, k + j, dim, sa + j, sb + j);
       feed.step();
     }
-    ScoreRows<Loader>(d, qa, k, j, n, dim, sa, feed);
-    ScoreRows<Loader>(d, qb, k, j, n, dim, sb, feed);
+    ScoreRowsOf<Loader, Dim>(d, qa, k, j, n, dim, sa, feed, 0);
+    ScoreRowsOf<Loader, Dim>(d, qb, k, j, n, dim, sb, feed, 0);
   }
-  if (h < heads) ScoreRows<Loader>(d, qs + h * q_stride, k, 0, n, dim, s + h * s_stride, feed);
+  if (h < heads)
+    ScoreRowsOf<Loader, Dim>(d, qs + h * q_stride, k, 0, n, dim, s + h * s_stride, feed, 0);
+}
+
+/// ScoreHeadsOf, with head_dim a constant for f32 rows where it is one of unrolled_dims.
+template <class Loader>
+HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_stride,
+                           std::size_t heads, const std::byte* const* k, std::size_t n,
+                           std::size_t dim, float* s, std::size_t s_stride, line_feed& feed) {
+  if constexpr (std::is_same_v<typename Loader::type, float>) {
+    if (dim == unrolled_dims[0])
+      return ScoreHeadsOf<Loader, unrolled_dims[0]>(d, qs, q_stride, heads, k, n, dim, s,
+                                                    s_stride, feed);
+    if (dim == unrolled_dims[1])
+      return ScoreHeadsOf<Loader, unrolled_dims[1]>(d, qs, q_stride, heads, k, n, dim, s,
+                                                    s_stride, feed);
+  }
+  ScoreHeadsOf<Loader, 0>(d, qs, q_stride, heads, k, n, dim, s, s_stride, feed);
 }
 
 /// Σ a[i]·b[i] for two unaligned arrays, neither padded (two chains, then across lanes).

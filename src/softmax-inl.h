@@ -340,11 +340,51 @@ HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const spr
   PadScores(c, b.first.n);
 }
 
-/// Folds each chunk head's own V rows into its accumulator (AccumulateRest, as alone).
+/// Two heads × four vectors, each head its own V rows (head a's from element skip_a + i on, head
+/// b's from skip_b + i): eight chains in flight where one head's four would wait on the FMA
+/// latency; per element the arithmetic of Accumulate1x4.
+template <class Loader>
+HWY_INLINE void AccumulatePair(DF d, const float* pa, const float* pb, const block_rows& b,
+                               std::size_t i, std::size_t skip_a, std::size_t skip_b, float ra,
+                               float rb, float* acc_a, float* acc_b) {
+  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  VF b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+  for (std::size_t j = 0; j < b.n; ++j) {
+    Step4<Loader>(d, hn::Set(d, pa[j]), b.v[j], skip_a + i, a0, a1, a2, a3);
+    Step4<Loader>(d, hn::Set(d, pb[j]), b.v[j], skip_b + i, b0, b1, b2, b3);
+  }
+  Fold4(d, acc_a + i, hn::Set(d, ra), a0, a1, a2, a3);
+  Fold4(d, acc_b + i, hn::Set(d, rb), b0, b1, b2, b3);
+}
+
+/// Tile calls the spread AccumulateBlock makes for `heads` heads (its feed's steps).
+HWY_INLINE std::size_t SpreadAccumulateTiles(DF d, std::size_t heads, std::size_t head_dim) {
+  return heads / 2 * (head_dim / (4 * hn::Lanes(d))) +
+         heads % 2 * AccumulateTiles(d, 1, head_dim);
+}
+
+/// Folds each chunk head's own V rows into its accumulator: heads in pairs over slices of four
+/// vectors (AccumulatePair), the rest of each row and a lone head as AccumulateRest; the same
+/// arithmetic per element as a head alone.
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                                 const state& s, line_feed& feed) {
-  for (std::size_t h = 0; h < c.count; ++h)
+  const std::size_t N = hn::Lanes(d);
+  std::size_t h = 0;
+  for (; h + 2 <= c.count; h += 2) {
+    const float* pa = c.scores + h * c.block;
+    float* acc_a = s.acc + h * head_dim;
+    std::size_t i = 0;
+    for (; i + 4 * N <= head_dim; i += 4 * N) {
+      AccumulatePair<Loader>(d, pa, pa + c.block, b.first, i, h * b.v_skip, (h + 1) * b.v_skip,
+                             c.rescale[h], c.rescale[h + 1], acc_a, acc_a + head_dim);
+      feed.step();
+    }
+    for (std::size_t g = 0; g < 2; ++g)
+      AccumulateRest<Loader>(d, head_dim, pa + g * c.block, b.first, i, c.rescale[h + g],
+                             acc_a + g * head_dim, feed, (h + g) * b.v_skip);
+  }
+  if (h < c.count)
     AccumulateRest<Loader>(d, head_dim, c.scores + h * c.block, b.first, 0, c.rescale[h],
                            s.acc + h * head_dim, feed, h * b.v_skip);
   feed.drain();
@@ -633,8 +673,9 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
                          if (!prefetch) return;
                          const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
                          const std::size_t tiles =
-                             scoring ? ScoreTiles(1, n) : AccumulateTiles(DF(), 1, p.head_dim);
-                         feed.start(prefetch_walk::spaced, ahead, n, row_bytes, c.count * tiles,
+                             scoring ? c.count * ScoreTiles(1, n)
+                                   : SpreadAccumulateTiles(DF(), c.count, p.head_dim);
+                         feed.start(prefetch_walk::spaced, ahead, n, row_bytes, tiles,
                                     c.count, scoring ? k_head : v_head);
                        });
 }
