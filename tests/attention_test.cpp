@@ -808,6 +808,35 @@ BOOST_AUTO_TEST_CASE(scale_zero_means_one_over_sqrt_head_dim) {
   BOOST_TEST(same_bits(a, b));
 }
 
+BOOST_AUTO_TEST_CASE(a_head_dim_of_64_or_128_gives_the_bits_of_one_more_element_that_scores_zero) {
+  // head_dims 64 and 128 take f32 score tiles compiled for them (their loops unrolled). One more
+  // element, zero in the query, takes the general tiles and adds nothing to a score, so the
+  // first head_dim outputs of each head must keep their bits: the arithmetic is the same.
+  constexpr std::size_t q = 8, end = 700, w = 256;
+  const windowed_attention attention;
+  for (const std::size_t dim : {64, 128})
+    for (const std::size_t kv : {8, 2}) {
+      ring_fixture narrow(kv, dim, 300), wide(kv, dim + 1, 300);
+      narrow.append_until(end);
+      wide.append_until(end);
+      BOOST_REQUIRE(narrow.keys(end - w, end).wrapped());
+      const auto query = make_query(q, dim, 3);
+      std::vector<float> padded(q * (dim + 1), 0.0f);
+      for (std::size_t h = 0; h < q; ++h)
+        std::copy_n(query.begin() + h * dim, dim, padded.begin() + h * (dim + 1));
+      std::vector<float> out(q * dim), out_wide(q * (dim + 1)), cut(q * dim);
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, narrow.keys(end - w, end), narrow.values(end - w, end), out,
+                              0.125f);
+        attention.decode_step(padded, wide.keys(end - w, end), wide.values(end - w, end),
+                              out_wide, 0.125f);
+        for (std::size_t h = 0; h < q; ++h)
+          std::copy_n(out_wide.begin() + h * (dim + 1), dim, cut.begin() + h * dim);
+        BOOST_TEST(same_bits(out, cut), target << " D " << dim << " kv " << kv);
+      });
+    }
+}
+
 // ---- the gather path --------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(the_gather_path_agrees_bit_for_bit_and_prices_two_adapters) {
