@@ -18,6 +18,8 @@
 //             nothing else (no sum across lanes, no exp, no rescale): a floor under any exact
 //             decode step of the shape, on 1 and 2 threads. Where it is already above 1.25x
 //             the roof, no kernel can be within 1.25x of it on this machine
+//   floor_f16, floor2_f16  the floor over the f16 rows: roof16's paired read, each vector
+//             promoted to f32, then the same multiply-adds (the f16 steps' floor)
 //   roof16    a streaming read of the same K+V stored at 2 bytes an element (f16 or bf16)
 //   pair_f16, pair_bf16, pair2_f16  the pair path over K/V stored as f16 / bf16 (promoted in registers,
 //             f32 accumulation); their x_roof is against roof16
@@ -227,6 +229,21 @@ void fma_floor(benchmark::State& state, shape s) {
   });
 }
 
+/// fma_floor over f16 rows (the f16 layer; bf16 rows would promote differently but cost about
+/// the same): the paired read, each vector promoted to f32, then its multiply-adds.
+void fma_floor_f16(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
+  const auto* kh = reinterpret_cast<const std::uint16_t*>(k.data());
+  const auto* vh = reinterpret_cast<const std::uint16_t*>(v.data());
+  const std::size_t group = shape::q_heads / s.kv_heads;
+  measure(state, s, [&] {
+    benchmark::DoNotOptimize(split_read(l, s.threads, [&](std::size_t from, std::size_t n) {
+      return ringkv_bench::stream_fma_pair_f16(kh + 2 * from, vh + 2 * from, 2 * n, group);
+    }));
+  });
+}
+
 void pair(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);
   const ringkv::windowed_attention attention;
@@ -362,7 +379,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using variant = std::tuple<const char*, void (*)(benchmark::State&, shape), dtype, std::size_t>;
   // roof16 reads the f16 layer: f16 and bf16 rows are the same bytes.
-  constexpr std::array<variant, 19> variants{{{"roof", roof, dtype::f32, 1},
+  constexpr std::array<variant, 21> variants{{{"roof", roof, dtype::f32, 1},
                                               {"pair", pair, dtype::f32, 1},
                                               {"gathered", gathered, dtype::f32, 1},
                                               {"scalar", scalar, dtype::f32, 1},
@@ -380,7 +397,9 @@ int main(int argc, char** argv) {
                                               {"roof16p", roof_paired, dtype::f16, 1},
                                               {"roof16_2p", roof_paired, dtype::f16, 2},
                                               {"floor", fma_floor, dtype::f32, 1},
-                                              {"floor2", fma_floor, dtype::f32, 2}}};
+                                              {"floor2", fma_floor, dtype::f32, 2},
+                                              {"floor_f16", fma_floor_f16, dtype::f16, 1},
+                                              {"floor2_f16", fma_floor_f16, dtype::f16, 2}}};
   std::vector<std::size_t> grid_windows;
   try {
     grid_windows = windows();

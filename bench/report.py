@@ -33,6 +33,7 @@ VARIANTS = [
     ("floor", "floor (roof read + multiply-adds)", 1, None),
     ("pair", "ringkv f32", 1, "f32"),
     ("gathered", "gather + attend f32", 1, None),
+    ("floor_f16", "floor f16 (roof16 read + promotion + multiply-adds)", 1, None),
     ("pair_f16", "ringkv f16", 1, "f16"),
     ("pair_bf16", "ringkv bf16", 1, None),
     ("tq4", "ringkv 4-bit TurboQuant", 1, None),
@@ -40,6 +41,7 @@ VARIANTS = [
     ("ggml", "ggml's loop f32 (same run)", 1, None),
     ("floor2", "floor (roof read + multiply-adds)", 2, None),
     ("pair2", "ringkv f32", 2, "f32"),
+    ("floor2_f16", "floor f16 (roof16 read + promotion + multiply-adds)", 2, None),
     ("pair2_f16", "ringkv f16", 2, "f16"),
     ("ggml2", "ggml's loop f32 (same run)", 2, None),
 ]

@@ -1,5 +1,6 @@
 // stream_read (see stream_read.h), compiled once per Highway target (skeleton.cc pattern).
 #include <cstddef>
+#include <cstdint>
 
 #include "stream_read.h"
 
@@ -64,11 +65,24 @@ float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
   return s;
 }
 
-/// As StreamReadPairImpl, with G multiply-adds on every vector read (one per query head of a
-/// kv head's group: the multiply-adds a decode step must do on that vector, scores or V sums),
-/// into eight chains.
-template <std::size_t G>
-float StreamFmaPair(const float* a, const float* b, std::size_t n) {
+/// Vector k (0 … 7) of step i of the paired order as f32: floats as they are, f16 halves
+/// promoted (the conversion the kernel's f16 rows take on x86, F16C).
+HWY_INLINE hn::Vec<DF> PairedF32(DF d, const float* a, const float* b, std::size_t i,
+                                 std::size_t k) {
+  return PairedVector(d, a, b, i, k);
+}
+HWY_INLINE hn::Vec<DF> PairedF32(DF d, const hwy::float16_t* a, const hwy::float16_t* b,
+                                 std::size_t i, std::size_t k) {
+  const std::size_t N = hn::Lanes(d);
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, (k < 4 ? a : b) + i * 4 * N + k % 4 * N));
+}
+
+/// As StreamReadPairImpl (n elements of each array, floats or f16), with G multiply-adds on
+/// every vector read (one per query head of a kv head's group: the multiply-adds a decode step
+/// must do on that vector, scores or V sums), into eight chains.
+template <std::size_t G, class T>
+float StreamFmaPair(const T* a, const T* b, std::size_t n) {
   const DF d;
   const std::size_t N = hn::Lanes(d), steps = n / (4 * N);
   hn::Vec<DF> q[G];
@@ -77,7 +91,7 @@ float StreamFmaPair(const float* a, const float* b, std::size_t n) {
   for (auto& x : acc) x = hn::Zero(d);
   for (std::size_t i = 0; i < steps; ++i)
     for (std::size_t k = 0; k < 8; ++k) {
-      const auto x = PairedVector(d, a, b, i, k);
+      const auto x = PairedF32(d, a, b, i, k);
       for (std::size_t h = 0; h < G; ++h) acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
     }
   auto sum = acc[0];
@@ -85,13 +99,25 @@ float StreamFmaPair(const float* a, const float* b, std::size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-float StreamFmaPairImpl(const float* a, const float* b, std::size_t n, std::size_t group) {
+/// StreamFmaPair for a group of 1, 2, 4 or 8 (others as 8).
+template <class T>
+float StreamFmaPairGroup(const T* a, const T* b, std::size_t n, std::size_t group) {
   switch (group) {
     case 1: return StreamFmaPair<1>(a, b, n);
     case 2: return StreamFmaPair<2>(a, b, n);
     case 4: return StreamFmaPair<4>(a, b, n);
     default: return StreamFmaPair<8>(a, b, n);
   }
+}
+
+float StreamFmaPairImpl(const float* a, const float* b, std::size_t n, std::size_t group) {
+  return StreamFmaPairGroup(a, b, n, group);
+}
+
+float StreamFmaPairF16Impl(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                           std::size_t group) {
+  return StreamFmaPairGroup(reinterpret_cast<const hwy::float16_t*>(a),
+                            reinterpret_cast<const hwy::float16_t*>(b), n, group);
 }
 
 }  // namespace ringkv_bench::HWY_NAMESPACE
@@ -102,8 +128,13 @@ namespace ringkv_bench {
 HWY_EXPORT(StreamReadImpl);
 HWY_EXPORT(StreamReadPairImpl);
 HWY_EXPORT(StreamFmaPairImpl);
+HWY_EXPORT(StreamFmaPairF16Impl);
 float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group) {
   return HWY_DYNAMIC_DISPATCH(StreamFmaPairImpl)(a, b, n, group);
+}
+float stream_fma_pair_f16(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                          std::size_t group) {
+  return HWY_DYNAMIC_DISPATCH(StreamFmaPairF16Impl)(a, b, n, group);
 }
 float stream_read(const float* p, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(StreamReadImpl)(p, n);

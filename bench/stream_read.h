@@ -2,6 +2,7 @@
 // dynamic dispatch), nothing else. Private to the benchmark.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace ringkv_bench {
 /// Σ p[i] over n floats, with enough independent vector sums that only loads limit it; O(n).
@@ -11,4 +12,8 @@ float stream_read_pair(const float* a, const float* b, std::size_t n);
 /// stream_read_pair with `group` (1, 2, 4 or 8) multiply-adds on every vector read: the least
 /// arithmetic a decode step with `group` query heads per kv head does on those bytes; O(n·group).
 float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group);
+/// stream_fma_pair over n f16 elements (bits) of each array, each vector promoted to f32 first:
+/// the floor of a step over f16 rows; O(n·group).
+float stream_fma_pair_f16(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                          std::size_t group);
 }  // namespace ringkv_bench
