@@ -47,12 +47,25 @@ float StreamReadImpl(const float* p, std::size_t n) {
   return s;
 }
 
-/// The k-th (0 … 7) vector of step i when a and b are read four vectors of each in turn (the
-/// paired order StreamReadPairImpl and StreamFmaPair share).
+/// Where the k-th (0 … 7) vector of step i starts when a and b are read four vectors (of
+/// Lanes(DF) elements) of each in turn: the paired order StreamReadPairImpl and StreamFmaPair
+/// share.
+template <class T>
+HWY_INLINE const T* PairedAt(DF d, const T* a, const T* b, std::size_t i, std::size_t k) {
+  const std::size_t N = hn::Lanes(d);
+  return (k < 4 ? a : b) + i * 4 * N + k % 4 * N;
+}
+
+/// That vector as f32: floats as they are, f16 halves promoted (the conversion the kernel's f16
+/// rows take on x86, F16C).
 HWY_INLINE hn::Vec<DF> PairedVector(DF d, const float* a, const float* b, std::size_t i,
                                     std::size_t k) {
-  const std::size_t N = hn::Lanes(d);
-  return hn::LoadU(d, (k < 4 ? a : b) + i * 4 * N + k % 4 * N);
+  return hn::LoadU(d, PairedAt(d, a, b, i, k));
+}
+HWY_INLINE hn::Vec<DF> PairedVector(DF d, const hwy::float16_t* a, const hwy::float16_t* b,
+                                    std::size_t i, std::size_t k) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, PairedAt(d, a, b, i, k)));
 }
 
 /// Four vectors of each array in turn: two streams in flight at once.
@@ -63,19 +76,6 @@ float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
                         [&](std::size_t i, std::size_t k) { return PairedVector(d, a, b, i, k); });
   for (std::size_t i = steps * 4 * N; i < n; ++i) s += a[i] + b[i];
   return s;
-}
-
-/// Vector k (0 … 7) of step i of the paired order as f32: floats as they are, f16 halves
-/// promoted (the conversion the kernel's f16 rows take on x86, F16C).
-HWY_INLINE hn::Vec<DF> PairedF32(DF d, const float* a, const float* b, std::size_t i,
-                                 std::size_t k) {
-  return PairedVector(d, a, b, i, k);
-}
-HWY_INLINE hn::Vec<DF> PairedF32(DF d, const hwy::float16_t* a, const hwy::float16_t* b,
-                                 std::size_t i, std::size_t k) {
-  const std::size_t N = hn::Lanes(d);
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(d, hn::LoadU(dh, (k < 4 ? a : b) + i * 4 * N + k % 4 * N));
 }
 
 /// As StreamReadPairImpl (n elements of each array, floats or f16), with G multiply-adds on
@@ -91,7 +91,7 @@ float StreamFmaPair(const T* a, const T* b, std::size_t n) {
   for (auto& x : acc) x = hn::Zero(d);
   for (std::size_t i = 0; i < steps; ++i)
     for (std::size_t k = 0; k < 8; ++k) {
-      const auto x = PairedF32(d, a, b, i, k);
+      const auto x = PairedVector(d, a, b, i, k);
       for (std::size_t h = 0; h < G; ++h) acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
     }
   auto sum = acc[0];
