@@ -224,6 +224,12 @@ inline bool may_go_side_by_side(const problem& p) {
          uniform_head_stride(p.values);
 }
 
+/// Whether a step over `p` could read its rows pipelined at all (PipelineBlocks: one query head
+/// per kv head, f32 rows); plan_reads adds the bytes; O(1).
+inline bool may_pipeline(const problem& p) {
+  return p.q_heads == p.kv_heads && p.keys.type == element::f32;
+}
+
 /// plan_reads' prefetch, pipelined and side_by_side on a large_l3 machine, from the step's
 /// `bytes` (all threads'). Measured there (one binary behind a temporary switch, fastest µs,
 /// bench/README "Tuning measured", session 23): with one query head per kv head, rows read
@@ -232,8 +238,7 @@ inline bool may_go_side_by_side(const problem& p) {
 /// 64 MiB and 2–9 % slower at 32 MiB and less.
 inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
   p.prefetch = bytes > large_l3_prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
-  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 &&
-                row_bytes(p) >= pipelined_min_short_row_bytes &&
+  p.pipelined = may_pipeline(p) && row_bytes(p) >= pipelined_min_short_row_bytes &&
                 bytes > large_l3_pipelined_min_bytes;
   p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
   if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
@@ -258,7 +263,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
       row >= pipelined_min_row_bytes
           ? per_thread >= least
           : row >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
-  p.pipelined = p.q_heads == p.kv_heads && p.keys.type == element::f32 && pipelined_rows;
+  p.pipelined = may_pipeline(p) && pipelined_rows;
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
