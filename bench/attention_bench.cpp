@@ -18,6 +18,9 @@
 //             nothing else (no sum across lanes, no exp, no rescale): a floor under any exact
 //             decode step of the shape, on 1 and 2 threads. Where it is already above 1.25x
 //             the roof, no kernel can be within 1.25x of it on this machine
+//   floor_exp, floor2_exp  the floor with the exps a step must take besides: one vector exp
+//             (Highway's, as the kernel's) per query head and Lanes positions, of values taken
+//             from the chains; where it is above 1.25x the roof, so is any exact step
 //   floor_f16, floor2_f16  the floor over the f16 rows: roof16's paired read, each vector
 //             promoted to f32, then the same multiply-adds (the f16 steps' floor)
 //   roof16    a streaming read of the same K+V stored at 2 bytes an element (f16 or bf16)
@@ -235,6 +238,17 @@ void fma_floor(benchmark::State& state, shape s) {
   });
 }
 
+void exp_floor(benchmark::State& state, shape s) {
+  wrapped_layer& l = layer_for(s);
+  const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
+  const std::size_t group = shape::q_heads / s.kv_heads;
+  measure(state, s, [&] {
+    benchmark::DoNotOptimize(split_read(l, s.threads, [&](std::size_t from, std::size_t n) {
+      return ringkv_bench::stream_fma_exp_pair(k.data() + from, v.data() + from, n, group, s.dim);
+    }));
+  });
+}
+
 void pair(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);
   const ringkv::windowed_attention attention;
@@ -370,7 +384,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   using variant = std::tuple<const char*, void (*)(benchmark::State&, shape), dtype, std::size_t>;
   // roof16 reads the f16 layer: f16 and bf16 rows are the same bytes.
-  constexpr std::array<variant, 21> variants{{{"roof", roof, dtype::f32, 1},
+  constexpr std::array<variant, 23> variants{{{"roof", roof, dtype::f32, 1},
                                               {"pair", pair, dtype::f32, 1},
                                               {"gathered", gathered, dtype::f32, 1},
                                               {"scalar", scalar, dtype::f32, 1},
@@ -389,6 +403,8 @@ int main(int argc, char** argv) {
                                               {"roof16_2p", roof_paired, dtype::f16, 2},
                                               {"floor", fma_floor, dtype::f32, 1},
                                               {"floor2", fma_floor, dtype::f32, 2},
+                                              {"floor_exp", exp_floor, dtype::f32, 1},
+                                              {"floor2_exp", exp_floor, dtype::f32, 2},
                                               {"floor_f16", fma_floor, dtype::f16, 1},
                                               {"floor2_f16", fma_floor, dtype::f16, 2}}};
   std::vector<std::size_t> grid_windows;

@@ -31,6 +31,7 @@ GGML_US = {
 # (variant name in the JSON, column label, threads, ggml type to compare with)
 VARIANTS = [
     ("floor", "floor (roof read + multiply-adds)", 1, None),
+    ("floor_exp", "exp floor (floor + an exp a score)", 1, None),
     ("pair", "ringkv f32", 1, "f32"),
     ("gathered", "gather + attend f32", 1, None),
     ("floor_f16", "floor f16 (roof16 read + promotion + multiply-adds)", 1, None),
@@ -40,6 +41,7 @@ VARIANTS = [
     ("scalar", "scalar two-pass f32", 1, None),
     ("ggml", "ggml's loop f32 (same run)", 1, None),
     ("floor2", "floor (roof read + multiply-adds)", 2, None),
+    ("floor2_exp", "exp floor (floor + an exp a score)", 2, None),
     ("pair2", "ringkv f32", 2, "f32"),
     ("floor2_f16", "floor f16 (roof16 read + promotion + multiply-adds)", 2, None),
     ("pair2_f16", "ringkv f16", 2, "f16"),
@@ -194,7 +196,8 @@ def main(argv):
           "roof: the faster of two streaming reads of the f32 bytes (K then V, or K and V in turn). "
           "floor: the paired read with one multiply-add per query head of the group on every vector "
           "read (the least arithmetic an exact step does on those bytes; no lane sums, exp or rescale): "
-          "where it is above 1.25× the roof, so is every kernel.\n")
+          "where it is above 1.25× the roof, so is every kernel. exp floor: the floor with the vector "
+          "exp every score takes (Highway's Exp over a vector of scores at a time), since session 25.\n")
     print("### 1 thread\n")
     print(table(runs, 1))
     if any(k[3].startswith("pair2") for k in runs):

@@ -1,4 +1,5 @@
 // stream_read (see stream_read.h), compiled once per Highway target (skeleton.cc pattern).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -8,6 +9,7 @@
 #define HWY_TARGET_INCLUDE "stream_read.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -99,6 +101,45 @@ float StreamFmaPair(const T* a, const T* b, std::size_t n) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+/// StreamFmaPair over rows of head_dim elements with the exps a step must take besides: after
+/// every head_dim / 4 steps (Lanes positions' rows of K and V), one vector Exp per query head
+/// of the group (Lanes positions' scores each), of values taken from the chains so it cannot be
+/// hoisted, summed into a chain of its own (as the softmax's denominator).
+template <std::size_t G, class T>
+float StreamFmaExpPair(const T* a, const T* b, std::size_t n, std::size_t head_dim) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d), steps = n / (4 * N), period = head_dim / 4;
+  hn::Vec<DF> q[G];
+  for (std::size_t h = 0; h < G; ++h) q[h] = hn::Set(d, 1.0f + 1e-7f * float(h));
+  hn::Vec<DF> acc[8];
+  for (auto& x : acc) x = hn::Zero(d);
+  auto esum = hn::Zero(d);
+  const auto tiny = hn::Set(d, -1e-30f);
+  for (std::size_t i0 = 0; i0 < steps; i0 += period) {
+    for (std::size_t i = i0; i < std::min(steps, i0 + period); ++i)
+      for (std::size_t k = 0; k < 8; ++k) {
+        const auto x = PairedVector(d, a, b, i, k);
+        for (std::size_t h = 0; h < G; ++h)
+          acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
+      }
+    for (std::size_t h = 0; h < G; ++h)
+      esum = hn::Add(esum, hn::Exp(d, hn::Mul(acc[h % 8], tiny)));
+  }
+  auto sum = esum;
+  for (std::size_t k = 0; k < 8; ++k) sum = hn::Add(sum, acc[k]);
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+float StreamFmaExpPairImpl(const float* a, const float* b, std::size_t n, std::size_t group,
+                           std::size_t head_dim) {
+  switch (group) {
+    case 1: return StreamFmaExpPair<1>(a, b, n, head_dim);
+    case 2: return StreamFmaExpPair<2>(a, b, n, head_dim);
+    case 4: return StreamFmaExpPair<4>(a, b, n, head_dim);
+    default: return StreamFmaExpPair<8>(a, b, n, head_dim);
+  }
+}
+
 /// StreamFmaPair for a group of 1, 2, 4 or 8 (others as 8).
 template <class T>
 float StreamFmaPairGroup(const T* a, const T* b, std::size_t n, std::size_t group) {
@@ -129,6 +170,11 @@ HWY_EXPORT(StreamReadImpl);
 HWY_EXPORT(StreamReadPairImpl);
 HWY_EXPORT(StreamFmaPairImpl);
 HWY_EXPORT(StreamFmaPairF16Impl);
+HWY_EXPORT(StreamFmaExpPairImpl);
+float stream_fma_exp_pair(const float* a, const float* b, std::size_t n, std::size_t group,
+                          std::size_t head_dim) {
+  return HWY_DYNAMIC_DISPATCH(StreamFmaExpPairImpl)(a, b, n, group, head_dim);
+}
 float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group) {
   return HWY_DYNAMIC_DISPATCH(StreamFmaPairImpl)(a, b, n, group);
 }

@@ -12,6 +12,10 @@ float stream_read_pair(const float* a, const float* b, std::size_t n);
 /// stream_read_pair with `group` (1, 2, 4 or 8) multiply-adds on every vector read: the least
 /// arithmetic a decode step with `group` query heads per kv head does on those bytes; O(n·group).
 float stream_fma_pair(const float* a, const float* b, std::size_t n, std::size_t group);
+/// stream_fma_pair with one vector exp per Lanes scores besides (`group` scores a position, a
+/// position every head_dim elements): the floor with the exps a step must take; O(n·group).
+float stream_fma_exp_pair(const float* a, const float* b, std::size_t n, std::size_t group,
+                          std::size_t head_dim);
 /// stream_fma_pair over n f16 elements (bits) of each array, each vector promoted to f32 first:
 /// the floor of a step over f16 rows; O(n·group).
 float stream_fma_pair_f16(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
