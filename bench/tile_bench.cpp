@@ -9,7 +9,10 @@
 // its loads from L2/L3/DRAM cost. `walk` runs the same pieces block after block over a whole
 // window of 8 kv heads (one query head each) held in L2 or L3, against a streaming read of the
 // same bytes: what the tiles, and the softmax step between them, cost once the rows must stream
-// in (no ring, no prefetch, no validation: the kernel's arithmetic and nothing else). Compiled
+// in (no ring, no prefetch, no validation: the kernel's arithmetic and nothing else); its part
+// `core` runs the kernel's own phases as a step planned side by side with blocks of 64 does
+// (AttendSpread, four kv heads at a time), so a step's time minus it is what the step around
+// the phases costs. Compiled
 // once per Highway target (skeleton.cc pattern), the kernel headers of src/ included as
 // simd.cpp includes them.
 #include <benchmark/benchmark.h>
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <utility>
 
 #include "simd.h"
 #include "stream_read.h"
@@ -29,7 +33,9 @@ namespace ringkv_bench {
 /// Which piece of a block tile and walk run (the benchmarks' first argument): the whole block,
 /// its score tiles, its softmax step, its V tiles, score and V tiles without the softmax step
 /// (the weights are the raw scores), or (walk only) a streaming read of the same rows.
-enum part : int { block = 0, scores = 1, softmax = 2, values = 3, tiles = 4, roof = 5 };
+/// walk only: `core` is the decode kernel's own phases for one query head a kv head as a step
+/// on a large_l3 machine runs them (AttendSpread: four kv heads side by side, blocks of 64).
+enum part : int { block = 0, scores = 1, softmax = 2, values = 3, tiles = 4, roof = 5, core = 6 };
 
 /// Floats of RunPart's scratch: q [heads, dim], scores [heads, 16], rescale, max and sum [heads]
 /// each padded to 16 floats (so acc stays 64-byte aligned), acc [heads, dim].
@@ -142,6 +148,37 @@ float WalkImpl(int which, std::size_t dim, std::size_t positions, std::size_t kv
   return w.result();
 }
 
+/// The kernel's phases over `k`, `v` ([kv_heads, positions, dim], kv_heads a multiple of
+/// side_by_side_heads) for one query head a kv head: AttendSpread chunk after chunk as DecodeT
+/// runs it for a step planned side by side with blocks of 64 — everything a step does but the
+/// ring's runs, validation, planning, the split and the final normalisation; `work` as WalkImpl's,
+/// for side_by_side_heads heads. Only for whole vectors of dim and at least one block of rows.
+float CoreImpl(std::size_t dim, std::size_t positions, std::size_t kv_heads, const float* k,
+               const float* v, float* work) {
+  namespace s = ringkv::simd;
+  constexpr std::size_t heads = s::side_by_side_heads;
+  s::problem p;
+  p.q_heads = p.kv_heads = kv_heads;
+  p.head_dim = dim;
+  p.block = s::wide_block_positions;
+  p.side_by_side = true;
+  for (auto [w, rows] : {std::pair{&p.keys, k}, std::pair{&p.values, v}}) {
+    w->run_count = 1;
+    w->runs[0] = {reinterpret_cast<const std::byte*>(rows), positions * dim * sizeof(float),
+                  dim * sizeof(float), 0, positions};
+  }
+  block_work w(dim, heads, work);
+  w.c.block = p.block;
+  float sum = 0.0f;
+  for (std::size_t h = 0; h < kv_heads; h += heads) {
+    w.c.kv_head = w.c.q0 = h;
+    rs::ClearRows(heads, dim, w.s);
+    rs::AttendSpread<rs::row_loader<float>>(p, w.c, 0, positions, w.s);
+    sum += w.s.acc[0];
+  }
+  return sum;
+}
+
 /// Eight independent FMA chains, `repeats` steps: one multiply-add per lane each.
 float FmaPeakImpl(std::size_t repeats) {
   const hn::ScalableTag<float> d;
@@ -173,6 +210,7 @@ namespace {
 
 HWY_EXPORT(RunPartImpl);
 HWY_EXPORT(WalkImpl);
+HWY_EXPORT(CoreImpl);
 HWY_EXPORT(FmaPeakImpl);
 HWY_EXPORT(FmaLanesImpl);
 
@@ -226,12 +264,14 @@ void walk(benchmark::State& state) {
   const std::size_t n = walk_kv_heads * positions * dim;  // [kv_heads, positions, dim]
   floats k, v;
   fill_rows(k, v, n);
-  floats work = aligned_floats(work_floats(dim, 1));
+  floats work = aligned_floats(work_floats(dim, ringkv::simd::side_by_side_heads));
   for (auto _ : state)
     benchmark::DoNotOptimize(
-        which == roof ? stream_read(k.get(), n) + stream_read(v.get(), n)
-                      : HWY_DYNAMIC_DISPATCH(WalkImpl)(which, dim, positions, walk_kv_heads,
-                                                       k.get(), v.get(), work.get()));
+        which == roof   ? stream_read(k.get(), n) + stream_read(v.get(), n)
+        : which == core ? HWY_DYNAMIC_DISPATCH(CoreImpl)(dim, positions, walk_kv_heads, k.get(),
+                                                         v.get(), work.get())
+                        : HWY_DYNAMIC_DISPATCH(WalkImpl)(which, dim, positions, walk_kv_heads,
+                                                         k.get(), v.get(), work.get()));
   const bool both = which != scores && which != values;
   state.SetBytesProcessed(std::int64_t(state.iterations() * n * sizeof(float) * (both ? 2 : 1)));
 }
@@ -250,7 +290,7 @@ BENCHMARK(tile)
     ->ArgsProduct({{block, scores, softmax, values}, {64, 128}, {1, 4, 8}});
 BENCHMARK(walk)
     ->ArgNames({"part", "D", "W"})
-    ->ArgsProduct({{roof, block, tiles, scores, values}, {64, 128}, {64, 256, 1024}})
+    ->ArgsProduct({{roof, block, tiles, scores, values, core}, {64, 128}, {64, 256, 1024}})
     ->UseRealTime();
 
 }  // namespace
