@@ -221,7 +221,8 @@ void roof_paired(benchmark::State& state, shape s) {
   measure(state, s, [&] { benchmark::DoNotOptimize(read_roof(l, s.threads, true)); });
 }
 
-void fma_floor(benchmark::State& state, shape s) {
+/// The floor (fma_floor) or, with `exps`, the exp floor (f32 rows only) of the shape.
+void floor_of(benchmark::State& state, shape s, bool exps) {
   wrapped_layer& l = layer_for(s);
   const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
   const std::size_t group = shape::q_heads / s.kv_heads;
@@ -232,22 +233,16 @@ void fma_floor(benchmark::State& state, shape s) {
   const bool f16 = s.type == dtype::f16;
   measure(state, s, [&] {
     benchmark::DoNotOptimize(split_read(l, s.threads, [&](std::size_t from, std::size_t n) {
-      return f16 ? ringkv_bench::stream_fma_pair_f16(kh + 2 * from, vh + 2 * from, 2 * n, group)
-                 : ringkv_bench::stream_fma_pair(k.data() + from, v.data() + from, n, group);
+      if (f16) return ringkv_bench::stream_fma_pair_f16(kh + 2 * from, vh + 2 * from, 2 * n, group);
+      return exps ? ringkv_bench::stream_fma_exp_pair(k.data() + from, v.data() + from, n, group,
+                                                      s.dim)
+                  : ringkv_bench::stream_fma_pair(k.data() + from, v.data() + from, n, group);
     }));
   });
 }
 
-void exp_floor(benchmark::State& state, shape s) {
-  wrapped_layer& l = layer_for(s);
-  const auto k = l.key_storage().as<float>(), v = l.value_storage().as<float>();
-  const std::size_t group = shape::q_heads / s.kv_heads;
-  measure(state, s, [&] {
-    benchmark::DoNotOptimize(split_read(l, s.threads, [&](std::size_t from, std::size_t n) {
-      return ringkv_bench::stream_fma_exp_pair(k.data() + from, v.data() + from, n, group, s.dim);
-    }));
-  });
-}
+void fma_floor(benchmark::State& state, shape s) { floor_of(state, s, false); }
+void exp_floor(benchmark::State& state, shape s) { floor_of(state, s, true); }
 
 void pair(benchmark::State& state, shape s) {
   wrapped_layer& l = layer_for(s);

@@ -82,39 +82,22 @@ float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
 
 /// As StreamReadPairImpl (n elements of each array, floats or f16), with G multiply-adds on
 /// every vector read (one per query head of a kv head's group: the multiply-adds a decode step
-/// must do on that vector, scores or V sums), into eight chains.
-template <std::size_t G, class T>
-float StreamFmaPair(const T* a, const T* b, std::size_t n) {
+/// must do on that vector, scores or V sums), into eight chains. With Exps, over rows of
+/// head_dim elements, also the exps a step must take besides: after every head_dim / 4 steps
+/// (Lanes positions' rows of K and V), one vector Exp per query head of the group (Lanes
+/// positions' scores each), of values taken from the chains so it cannot be hoisted, summed into
+/// a chain of its own (as the softmax's denominator).
+template <std::size_t G, bool Exps, class T>
+float StreamFmaPair(const T* a, const T* b, std::size_t n, std::size_t head_dim) {
   const DF d;
   const std::size_t N = hn::Lanes(d), steps = n / (4 * N);
-  hn::Vec<DF> q[G];
-  for (std::size_t h = 0; h < G; ++h) q[h] = hn::Set(d, 1.0f + 1e-7f * float(h));
-  hn::Vec<DF> acc[8];
-  for (auto& x : acc) x = hn::Zero(d);
-  for (std::size_t i = 0; i < steps; ++i)
-    for (std::size_t k = 0; k < 8; ++k) {
-      const auto x = PairedVector(d, a, b, i, k);
-      for (std::size_t h = 0; h < G; ++h) acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
-    }
-  auto sum = acc[0];
-  for (std::size_t k = 1; k < 8; ++k) sum = hn::Add(sum, acc[k]);
-  return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
-/// StreamFmaPair over rows of head_dim elements with the exps a step must take besides: after
-/// every head_dim / 4 steps (Lanes positions' rows of K and V), one vector Exp per query head
-/// of the group (Lanes positions' scores each), of values taken from the chains so it cannot be
-/// hoisted, summed into a chain of its own (as the softmax's denominator).
-template <std::size_t G, class T>
-float StreamFmaExpPair(const T* a, const T* b, std::size_t n, std::size_t head_dim) {
-  const DF d;
-  const std::size_t N = hn::Lanes(d), steps = n / (4 * N), period = head_dim / 4;
+  // Steps between two rounds of exps; without exps, all of them in one round.
+  const std::size_t period = std::max<std::size_t>(1, Exps ? head_dim / 4 : steps);
   hn::Vec<DF> q[G];
   for (std::size_t h = 0; h < G; ++h) q[h] = hn::Set(d, 1.0f + 1e-7f * float(h));
   hn::Vec<DF> acc[8];
   for (auto& x : acc) x = hn::Zero(d);
   auto esum = hn::Zero(d);
-  const auto tiny = hn::Set(d, -1e-30f);
   for (std::size_t i0 = 0; i0 < steps; i0 += period) {
     for (std::size_t i = i0; i < std::min(steps, i0 + period); ++i)
       for (std::size_t k = 0; k < 8; ++k) {
@@ -122,43 +105,42 @@ float StreamFmaExpPair(const T* a, const T* b, std::size_t n, std::size_t head_d
         for (std::size_t h = 0; h < G; ++h)
           acc[(k + h) % 8] = hn::MulAdd(q[h], x, acc[(k + h) % 8]);
       }
-    for (std::size_t h = 0; h < G; ++h)
-      esum = hn::Add(esum, hn::Exp(d, hn::Mul(acc[h % 8], tiny)));
+    if constexpr (Exps) {
+      const auto tiny = hn::Set(d, -1e-30f);
+      for (std::size_t h = 0; h < G; ++h)
+        esum = hn::Add(esum, hn::Exp(d, hn::Mul(acc[h % 8], tiny)));
+    }
   }
   auto sum = esum;
   for (std::size_t k = 0; k < 8; ++k) sum = hn::Add(sum, acc[k]);
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-float StreamFmaExpPairImpl(const float* a, const float* b, std::size_t n, std::size_t group,
-                           std::size_t head_dim) {
+/// StreamFmaPair<G, Exps> for a group of 1, 2, 4 or 8 (others as 8).
+template <bool Exps, class T>
+float StreamFmaPairGroup(const T* a, const T* b, std::size_t n, std::size_t group,
+                         std::size_t head_dim) {
   switch (group) {
-    case 1: return StreamFmaExpPair<1>(a, b, n, head_dim);
-    case 2: return StreamFmaExpPair<2>(a, b, n, head_dim);
-    case 4: return StreamFmaExpPair<4>(a, b, n, head_dim);
-    default: return StreamFmaExpPair<8>(a, b, n, head_dim);
-  }
-}
-
-/// StreamFmaPair for a group of 1, 2, 4 or 8 (others as 8).
-template <class T>
-float StreamFmaPairGroup(const T* a, const T* b, std::size_t n, std::size_t group) {
-  switch (group) {
-    case 1: return StreamFmaPair<1>(a, b, n);
-    case 2: return StreamFmaPair<2>(a, b, n);
-    case 4: return StreamFmaPair<4>(a, b, n);
-    default: return StreamFmaPair<8>(a, b, n);
+    case 1: return StreamFmaPair<1, Exps>(a, b, n, head_dim);
+    case 2: return StreamFmaPair<2, Exps>(a, b, n, head_dim);
+    case 4: return StreamFmaPair<4, Exps>(a, b, n, head_dim);
+    default: return StreamFmaPair<8, Exps>(a, b, n, head_dim);
   }
 }
 
 float StreamFmaPairImpl(const float* a, const float* b, std::size_t n, std::size_t group) {
-  return StreamFmaPairGroup(a, b, n, group);
+  return StreamFmaPairGroup<false>(a, b, n, group, 0);
 }
 
 float StreamFmaPairF16Impl(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
                            std::size_t group) {
-  return StreamFmaPairGroup(reinterpret_cast<const hwy::float16_t*>(a),
-                            reinterpret_cast<const hwy::float16_t*>(b), n, group);
+  return StreamFmaPairGroup<false>(reinterpret_cast<const hwy::float16_t*>(a),
+                                   reinterpret_cast<const hwy::float16_t*>(b), n, group, 0);
+}
+
+float StreamFmaExpPairImpl(const float* a, const float* b, std::size_t n, std::size_t group,
+                           std::size_t head_dim) {
+  return StreamFmaPairGroup<true>(a, b, n, group, head_dim);
 }
 
 }  // namespace ringkv_bench::HWY_NAMESPACE
