@@ -138,6 +138,7 @@ void set_cache_kind_for_test(const cache_kind* k) {
 }
 
 const char* target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetImpl)()); }
+std::int64_t compiled_targets() { return HWY_TARGETS; }
 float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
 }

@@ -281,6 +281,9 @@ struct state {
 
 /// Name of the target HWY_DYNAMIC_DISPATCH picks now ("AVX2", ...); O(1).
 const char* target_name();
+/// The Highway targets these kernels were compiled for (HWY_TARGETS' bits; without EMU128 when
+/// built with RINGKV_NO_EMU128), so tests run exactly those; O(1).
+std::int64_t compiled_targets();
 /// Σ a[i]·b[i] in f32; O(n).
 float dot(const float* a, const float* b, std::size_t n);
 /// Continues `s` over the window positions in [from, to) (blocks cut at `from`/`to` if they are
