@@ -127,6 +127,7 @@ cache_kind this_cache_kind() {
     // 0 or -1 where the system does not say: then the limits of the smallest caches.
     const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
     if (l3 > 0 && std::size_t(l3) >= large_l3_bytes) return cache_kind::large_l3;
+    if (l2 > 0 && std::size_t(l2) >= wide_l2_bytes) return cache_kind::wide_l2;
     return l2 > 0 && std::size_t(l2) > small_l2_bytes ? cache_kind::large_l2 : cache_kind::small_l2;
   }();
   const int forced = cache_kind_for_test.load(std::memory_order_relaxed);

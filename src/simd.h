@@ -8,7 +8,8 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3 machine; decided from one kv head's
+//   for any step of 256 positions or more on a large_l3 machine, and for such a step whose rows
+//   are likely in the caches on a wide_l2 one; decided from one kv head's
 //   bytes, the window and the GQA group, never from the other heads or the threads): the block's
 //   scores, one max and rescale per block, exp of the block's scores (Highway vector Exp), the
 //   block's V rows summed, then folded into the state;
@@ -72,9 +73,22 @@ inline constexpr std::size_t large_l3_bytes = std::size_t(128) << 20;
 inline constexpr std::size_t large_l3_prefetch_min_bytes = std::size_t(48) << 20;
 inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 20;
 
-/// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, or an
-/// L3 of at least large_l3_bytes.
-enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3 };
+// A machine whose L2 holds at least wide_l2_bytes a core but whose L3 is under large_l3_bytes
+// (the Intel Xeon of sessions 26–27: 2 MiB L2 and 48 KiB L1 a core, as the large_l3 Xeon, but
+// 105 MiB of L3) plans as a large_l2 one, except that a step taking cached_block_positions
+// whose window holds at least wide_block_min_positions takes wide_block_positions, as on the
+// large_l3 Xeon. Measured there (session 27, one binary behind a temporary switch, processes
+// alternated, 8 rounds × 3, median µs, 64 against 32): 0.90–0.97× in all 12 cells that change
+// (D 64 / W 256 / kv 8 and 2, D 128 / W 256 / kv 2, D 64 / W 4096 / kv 2; f32 on 1 and 2
+// threads, f16), while the unchanged D 128 / W 4096 / kv 8 cells measured 0.99–1.03×; an
+// earlier 6 × 3 run of 24 cells: 0.75–0.99× in 14 of the 17 that change, 1.00–1.05× in 3, the
+// unchanged ones 0.71–1.13× (this machine's noise; bench/README, session 27). Past the cached bytes (blocks of 16) the
+// large_l3 plan as a whole measured within that noise (session 26), so those stay.
+inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
+
+/// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
+/// at least wide_l2_bytes, or an L3 of at least large_l3_bytes.
+enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3, wide_l2 };
 /// This machine's kind (its caches read once, from sysconf), or the one a test set; O(1).
 cache_kind this_cache_kind();
 /// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
@@ -83,8 +97,8 @@ void set_cache_kind_for_test(const cache_kind* k);
 /// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes); O(1).
 inline std::size_t prefetch_min_bytes(cache_kind k) {
   return k == cache_kind::small_l2   ? small_l2_prefetch_min_bytes
-         : k == cache_kind::large_l2 ? large_l2_prefetch_min_bytes
-                                     : large_l3_prefetch_min_bytes;
+         : k == cache_kind::large_l3 ? large_l3_prefetch_min_bytes
+                                     : large_l2_prefetch_min_bytes;
 }
 // ... except that a step whose query heads share each kv row (GQA) and whose threads read at
 // least prefetch_min_bytes each but less than this (rows likely in the L3: 32 MiB here, shared
@@ -268,6 +282,9 @@ inline void plan_reads(problem& p, std::size_t threads) {
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
+  if (kind == cache_kind::wide_l2 && p.block == cached_block_positions &&
+      position_count(p.keys) >= wide_block_min_positions)
+    p.block = wide_block_positions;
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores

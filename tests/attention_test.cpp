@@ -455,6 +455,41 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
   BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 32u);
 }
 
+BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64_where_rows_are_cached) {
+  using ringkv::simd::cache_kind;
+  struct shape {
+    std::size_t q, kv, dim, w, threads;
+  };
+  const shape shapes[] = {{8, 8, 64, 256, 1},     {8, 2, 128, 4096, 1},  {8, 8, 64, 4096, 2},
+                          {8, 2, 64, 14336, 1},   {8, 8, 128, 4096, 2},  {8, 8, 64, 32768, 1},
+                          {8, 2, 128, 32768, 2},  {8, 8, 64, 255, 1}};
+  for (const shape& s : shapes) {
+    const std::string where = "shape " + std::to_string(s.q) + "/" + std::to_string(s.kv) +
+                              " D " + std::to_string(s.dim) + " W " + std::to_string(s.w);
+    ringkv::simd::problem large, wide;
+    {
+      const cache_kind_override as(cache_kind::large_l2);
+      large = plan_of(s.q, s.kv, s.dim, s.w, s.threads);
+    }
+    {
+      const cache_kind_override as(cache_kind::wide_l2);
+      wide = plan_of(s.q, s.kv, s.dim, s.w, s.threads);
+    }
+    BOOST_TEST((wide.prefetch == large.prefetch), where);
+    BOOST_TEST(wide.pipelined == large.pipelined, where);
+    BOOST_TEST(wide.side_by_side == large.side_by_side, where);
+    // 64 exactly where large_l2 takes 32 (a kv head's rows at most 1 MiB, 4 MiB with GQA) and
+    // the window holds 256 positions or more; 16 and the shorter windows' 32 unchanged.
+    const bool widened = large.block == 32 && s.w >= 256;
+    BOOST_TEST(wide.block == (widened ? 64u : large.block), where);
+  }
+  const cache_kind_override as(cache_kind::wide_l2);
+  BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 64u);     // 128 KiB a kv head
+  BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);   // 4 MiB a kv head, GQA 4
+  BOOST_TEST(plan_of(8, 8, 64, 4096, 1).block == 16u);    // 2 MiB a kv head, GQA 1
+  BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);     // under 256 positions
+}
+
 // ---- determinism (M2-A4) ----------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
@@ -496,45 +531,50 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
 
 BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_never_wrapped_cache) {
   // Planned as on a large_l3 machine, a step whose window holds 256 positions or more takes
-  // blocks of 64. Wherever the ring wraps (nine ends, 29 positions apart: inside
-  // blocks and on their edges), the outputs equal a never-wrapped cache's bit for bit, on every
-  // target, and stay within the reference's tolerance; 3 threads give the same bits (W 1100 has
-  // two segments). head_dim 44 is not whole vectors; 4/4 takes four kv heads side by side.
-  const cache_kind_override as(ringkv::simd::cache_kind::large_l3);
+  // blocks of 64; as on a wide_l2 one, such a step whose rows are likely cached (these are, at
+  // most 378 KiB a kv head) takes them too, with the large_l2 reads. Wherever the ring wraps
+  // (nine ends, 29 positions apart: inside blocks and on their edges), the outputs equal a
+  // never-wrapped cache's bit for bit, on every target, and stay within the reference's
+  // tolerance; 3 threads give the same bits (W 1100 has two segments). head_dim 44 is not whole
+  // vectors; 4/4 takes four kv heads side by side.
   ringkv::default_thread_pool three(3);
   const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
   constexpr std::size_t dim = 44;
-  for (const heads hs : {heads{8, 2}, heads{4, 4}})
-    for (const std::size_t w : {256, 300, 1100}) {
-      BOOST_REQUIRE(plan_of(hs.q, hs.kv, dim, w, 1).block == 64u);
-      const std::size_t last = 4 * (w + 5) + 9 * 29;  // past the last window's end
-      ring_fixture flat(hs.kv, dim, last);
-      flat.append_until(last);
-      ring_fixture ring(hs.kv, dim, w + 5);
-      const auto query = make_query(hs.q, dim, 13);
-      const auto sinks = make_sinks(hs.q);
-      std::vector<float> a(hs.q * dim), b(a.size()), c(a.size());
-      for (std::size_t j = 0; j < 9; ++j) {
-        const std::size_t end = 3 * (w + 5) + 1 + j * 29;
-        ring.append_until(end);
-        const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
-        const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
-        BOOST_REQUIRE(rk.wrapped());
-        reference_attention ref(query, hs.kv, dim, 1 / std::sqrt(double(dim)), sinks);
-        ref.add(end - w, end);
-        for_each_target([&](const char* target) {
-          plain.decode_step(query, rk, rv, a, 0.0f, sinks);
-          plain.decode_step(query, fk, fv, b, 0.0f, sinks);
-          pooled.decode_step(query, rk, rv, c, 0.0f, sinks);
-          const std::string where = std::string(target) + " heads " + std::to_string(hs.q) +
-                                    "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
-                                    " end " + std::to_string(end);
-          BOOST_TEST(same_bits(a, b), where);
-          BOOST_TEST(same_bits(a, c), where);
-          BOOST_TEST(ref.relative_error(a) <= 2e-6, where);  // see relative_error
-        });
+  using ringkv::simd::cache_kind;
+  for (const cache_kind kind : {cache_kind::large_l3, cache_kind::wide_l2})
+    for (const heads hs : {heads{8, 2}, heads{4, 4}})
+      for (const std::size_t w : {256, 300, 1100}) {
+        const cache_kind_override as(kind);
+        BOOST_REQUIRE(plan_of(hs.q, hs.kv, dim, w, 1).block == 64u);
+        const std::size_t last = 4 * (w + 5) + 9 * 29;  // past the last window's end
+        ring_fixture flat(hs.kv, dim, last);
+        flat.append_until(last);
+        ring_fixture ring(hs.kv, dim, w + 5);
+        const auto query = make_query(hs.q, dim, 13);
+        const auto sinks = make_sinks(hs.q);
+        std::vector<float> a(hs.q * dim), b(a.size()), c(a.size());
+        for (std::size_t j = 0; j < 9; ++j) {
+          const std::size_t end = 3 * (w + 5) + 1 + j * 29;
+          ring.append_until(end);
+          const windowed_kv rk = ring.keys(end - w, end), rv = ring.values(end - w, end);
+          const windowed_kv fk = flat.keys(end - w, end), fv = flat.values(end - w, end);
+          BOOST_REQUIRE(rk.wrapped());
+          reference_attention ref(query, hs.kv, dim, 1 / std::sqrt(double(dim)), sinks);
+          ref.add(end - w, end);
+          for_each_target([&](const char* target) {
+            plain.decode_step(query, rk, rv, a, 0.0f, sinks);
+            plain.decode_step(query, fk, fv, b, 0.0f, sinks);
+            pooled.decode_step(query, rk, rv, c, 0.0f, sinks);
+            const std::string where = std::string(target) + " kind " +
+                                      std::to_string(int(kind)) + " heads " + std::to_string(hs.q) +
+                                      "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
+                                      " end " + std::to_string(end);
+            BOOST_TEST(same_bits(a, b), where);
+            BOOST_TEST(same_bits(a, c), where);
+            BOOST_TEST(ref.relative_error(a) <= 2e-6, where);  // see relative_error
+          });
+        }
       }
-    }
 }
 
 BOOST_AUTO_TEST_CASE(a_pinned_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits) {
