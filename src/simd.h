@@ -9,10 +9,10 @@
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
 //   for any step of 256 positions or more on a large_l3 machine, and for such a step whose rows
-//   are likely in the caches on a wide_l2 one; decided from one kv head's
-//   bytes, the window and the GQA group, never from the other heads or the threads): the block's
-//   scores, one max and rescale per block, exp of the block's scores (Highway vector Exp), the
-//   block's V rows summed, then folded into the state;
+//   are likely in the caches on a wide_l2 one; decided from one kv head's bytes, the window and
+//   the GQA group, never from the other heads or the threads): the block's scores, one max and
+//   rescale per block, exp of the block's scores (Highway vector Exp), the block's V rows
+//   summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
 //   that computes segments in parallel and merges in the same order gets the same bits.
@@ -82,8 +82,9 @@ inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 2
 // (D 64 / W 256 / kv 8 and 2, D 128 / W 256 / kv 2, D 64 / W 4096 / kv 2; f32 on 1 and 2
 // threads, f16), while the unchanged D 128 / W 4096 / kv 8 cells measured 0.99–1.03×; an
 // earlier 6 × 3 run of 24 cells: 0.75–0.99× in 14 of the 17 that change, 1.00–1.05× in 3, the
-// unchanged ones 0.71–1.13× (this machine's noise; bench/README, session 27). Past the cached bytes (blocks of 16) the
-// large_l3 plan as a whole measured within that noise (session 26), so those stay.
+// unchanged ones 0.71–1.13× (this machine's noise; bench/README, session 27). Past the cached
+// bytes (blocks of 16) the large_l3 plan as a whole measured within that noise (session 26),
+// so those stay.
 inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
 
 /// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
@@ -94,7 +95,8 @@ cache_kind this_cache_kind();
 /// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
 /// any machine); null restores this machine's own. Not thread-safe against running steps.
 void set_cache_kind_for_test(const cache_kind* k);
-/// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes); O(1).
+/// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes; wide_l2
+/// reads as large_l2); O(1).
 inline std::size_t prefetch_min_bytes(cache_kind k) {
   return k == cache_kind::small_l2   ? small_l2_prefetch_min_bytes
          : k == cache_kind::large_l3 ? large_l3_prefetch_min_bytes
@@ -282,6 +284,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
+  // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay large_l2's.
   if (kind == cache_kind::wide_l2 && p.block == cached_block_positions &&
       position_count(p.keys) >= wide_block_min_positions)
     p.block = wide_block_positions;

@@ -565,10 +565,10 @@ BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_ne
             plain.decode_step(query, rk, rv, a, 0.0f, sinks);
             plain.decode_step(query, fk, fv, b, 0.0f, sinks);
             pooled.decode_step(query, rk, rv, c, 0.0f, sinks);
-            const std::string where = std::string(target) + " kind " +
-                                      std::to_string(int(kind)) + " heads " + std::to_string(hs.q) +
-                                      "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
-                                      " end " + std::to_string(end);
+            const std::string where =
+                std::string(target) + " kind " + std::to_string(int(kind)) + " heads " +
+                std::to_string(hs.q) + "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
+                " end " + std::to_string(end);
             BOOST_TEST(same_bits(a, b), where);
             BOOST_TEST(same_bits(a, c), where);
             BOOST_TEST(ref.relative_error(a) <= 2e-6, where);  // see relative_error
