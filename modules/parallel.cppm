@@ -56,7 +56,10 @@ class thread_pool {
 };
 
 /// The pool ringkv owns: size() − 1 std::jthread workers, and the calling thread takes part.
-/// Tasks are handed out one index at a time from an atomic counter, so uneven tasks balance.
+/// Each thread takes its own share of the indices first (the caller the first n / size(), each
+/// worker the next), then any the others have not started, so uneven tasks balance and a call
+/// of the same n gives each thread the same share while all keep up (n ≤ 64; beyond, one
+/// counter hands out the indices).
 /// Calls from several threads at once are serialised (one parallel_for runs at a time); a task
 /// that calls parallel_for on the pool that runs it gets its tasks run inline, in order, on its
 /// own thread (no deadlock). A task that throws: tasks not yet started are skipped, those

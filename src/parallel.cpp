@@ -1,7 +1,7 @@
 // ringkv.parallel: default_thread_pool. One call at a time: the caller fills a slot with the task
-// and a fresh counter, bumps the generation (workers spinning see it; sleeping ones are woken);
-// everyone claims indices from the counter; the caller returns when no worker is inside the
-// call any more. No lock on that path: the mutex is only for sleeping and waking (and errors).
+// and fresh claims, bumps the generation (workers spinning see it; sleeping ones are woken);
+// everyone claims indices, its own share first (take_tasks); the caller returns when no worker
+// is inside the call any more. No lock on that path: the mutex is only for sleeping and waking (and errors).
 // Against a hand-off under the mutex (A/B, 2 threads, µs a step): D 128 / W 256 / kv 8 26.7 →
 // 23.5, D 64 / W 256 / kv 8 18.8 → 14.6, D 64 / W 4096 / kv 2 135 → 113, never slower.
 // Waits spin for a short while before they block: decode steps come back to back, and waking a
@@ -79,7 +79,7 @@ class default_thread_pool::shared {
   explicit shared(std::size_t threads) : threads_(threads) {
     workers_.reserve(threads - 1);
     for (std::size_t i = 1; i < threads; ++i)
-      workers_.emplace_back([this](std::stop_token stop) { work(stop); });
+      workers_.emplace_back([this, i](std::stop_token stop) { work(stop, i); });
   }
   // workers_ is the last member: its jthreads are stopped and joined before the rest goes.
 
@@ -97,6 +97,7 @@ class default_thread_pool::shared {
     c.job = &fn;
     c.n = n;
     c.next.store(0, std::memory_order_relaxed);
+    c.claimed.store(0, std::memory_order_relaxed);
     c.failed.store(false, std::memory_order_relaxed);
     generation_.store(g);  // publishes the slot
     if (sleepers_.load() != 0) {
@@ -105,7 +106,7 @@ class default_thread_pool::shared {
     }
     {
       const running_guard guard(this);
-      take_tasks(c);
+      take_tasks(c, 0);
     }
     // Every index is claimed now; a worker that claimed one is counted in busy_ until done.
     await_no_worker();
@@ -120,24 +121,49 @@ class default_thread_pool::shared {
   }
 
  private:
+  static constexpr std::size_t max_shared_tasks = 64;  // the bits of call::claimed
+
   /// One call's task and counter. Two slots, by generation parity: a worker late for call g
   /// reads slot g % 2 while call g + 1 fills the other, and call g + 2 waits until it has left.
   struct call {
     const task_ref* job = nullptr;  // the caller's, alive for its call
     std::size_t n = 0;
     alignas(64) std::atomic<std::size_t> next{0};  // claimed by every thread: a line of its own
+    std::atomic<std::uint64_t> claimed{0};          // n ≤ max_shared_tasks: bit i, index i taken
     std::atomic<bool> failed{false};
   };
 
-  /// Claims and runs indices until the counter passes n; after a failure, claims and skips.
-  void take_tasks(call& c) {
-    for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) {
-      if (c.failed.load(std::memory_order_relaxed)) continue;
-      try {
-        (*c.job)(i);
-      } catch (...) {
-        keep(c, std::current_exception());  // rethrown by run(), on the caller's thread
-      }
+  /// Runs indices until none is left: participant p (the caller 0, worker k k) first its own
+  /// share [p·n/threads, (p+1)·n/threads), then whatever the others have not claimed. Calls of
+  /// the same n give each participant the same share every time, so a decode step split by kv
+  /// heads keeps each head's rows in one core's L2 step after step. Beyond 64 tasks, one
+  /// counter for all. Against one counter for every call (session 28, the 2 MiB-L2 Xeon, one
+  /// binary behind a temporary switch, 3 runs of 5–8 rounds × 3 alternated, 2 threads, fastest):
+  /// every f32 W 256 step 0.60–0.93× as long (D 64 / W 256 / kv 8 13.6 against 18.7 µs), D 64 /
+  /// W 4096 / kv 2 (1 MiB a kv head) 0.62–0.80×; past the L2 within the noise (0.79–1.27).
+  void take_tasks(call& c, std::size_t participant) {
+    if (c.n > max_shared_tasks) {
+      for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) run_one(c, i);
+      return;
+    }
+    const std::size_t home = participant * c.n / threads_;
+    for (std::size_t k = 0; k < c.n; ++k) {
+      const std::size_t i = (home + k) % c.n;
+      const std::uint64_t bit = std::uint64_t(1) << i;
+      // The plain load skips indices seen taken without a locked instruction for each.
+      if ((c.claimed.load(std::memory_order_relaxed) & bit) == 0 &&
+          (c.claimed.fetch_or(bit) & bit) == 0)
+        run_one(c, i);
+    }
+  }
+
+  /// Runs task i, or skips it once a task of the call has failed.
+  void run_one(call& c, std::size_t i) {
+    if (c.failed.load(std::memory_order_relaxed)) return;
+    try {
+      (*c.job)(i);
+    } catch (...) {
+      keep(c, std::current_exception());  // rethrown by run(), on the caller's thread
     }
   }
 
@@ -171,12 +197,12 @@ class default_thread_pool::shared {
     return woken;
   }
 
-  void work(std::stop_token stop) {
+  void work(std::stop_token stop, std::size_t participant) {
     const running_guard guard(this);
     for (std::uint64_t seen = 0; await_call(seen, stop);) {
       busy_.fetch_add(1);  // before reading which call to join: see call
       seen = generation_.load();
-      take_tasks(calls_[seen % 2]);
+      take_tasks(calls_[seen % 2], participant);
       if (busy_.fetch_sub(1) == 1 && caller_waiting_.load()) {
         { const std::lock_guard lock(mutex_); }  // the caller is inside wait() or saw busy_ 0
         left_.notify_all();

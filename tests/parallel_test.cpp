@@ -195,7 +195,7 @@ BOOST_AUTO_TEST_CASE(parallel_for_runs_each_index_once_for_no_one_few_and_many_m
     std::atomic<std::size_t> calls{0};
     pool.parallel_for(0, [&](std::size_t) { calls.fetch_add(1); });
     BOOST_TEST(calls.load() == 0u);
-    for (std::size_t n : {1, 2, 3, 7, 8, 9, 1000, 100000})
+    for (std::size_t n : {1, 2, 3, 7, 8, 9, 63, 64, 65, 1000, 100000})
       BOOST_TEST(each_once(runs_per_index(pool, n)), threads << " threads, n " << n);
   }
 }
@@ -227,6 +227,22 @@ BOOST_AUTO_TEST_CASE(the_caller_and_every_worker_run_tasks_at_the_same_time) {
     const std::set<std::thread::id> distinct(ran_on.begin(), ran_on.end());
     BOOST_TEST(distinct.size() == threads);
     BOOST_TEST(distinct.count(std::this_thread::get_id()) == 1u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(with_a_task_a_thread_each_call_after_call_runs_each_index_on_the_same_thread) {
+  // Every task waits for all the others to start, so none can take a second one: each thread
+  // runs the first index of its own share, the caller index 0.
+  for (std::size_t threads : {2, 3, 4}) {
+    default_thread_pool pool(threads);
+    const auto [met, first] = meet_at_once(pool);
+    BOOST_TEST(met, threads << " threads");
+    BOOST_TEST((first[0] == std::this_thread::get_id()), threads << " threads");
+    for (int call = 0; call < 20; ++call) {
+      const auto [all_met, ran_on] = meet_at_once(pool);
+      BOOST_TEST(all_met, threads << " threads, call " << call);
+      BOOST_TEST((ran_on == first), threads << " threads, call " << call);
+    }
   }
 }
 
