@@ -1,7 +1,8 @@
 // ringkv.parallel: default_thread_pool. One call at a time: the caller fills a slot with the task
 // and fresh claims, bumps the generation (workers spinning see it; sleeping ones are woken);
 // everyone claims indices, its own share first (take_tasks); the caller returns when no worker
-// is inside the call any more. No lock on that path: the mutex is only for sleeping and waking (and errors).
+// is inside the call any more. No lock on that path: the mutex is only for sleeping and waking
+// (and errors).
 // Against a hand-off under the mutex (A/B, 2 threads, µs a step): D 128 / W 256 / kv 8 26.7 →
 // 23.5, D 64 / W 256 / kv 8 18.8 → 14.6, D 64 / W 4096 / kv 2 135 → 113, never slower.
 // Waits spin for a short while before they block: decode steps come back to back, and waking a
@@ -139,8 +140,9 @@ class default_thread_pool::shared {
   /// heads keeps each head's rows in one core's L2 step after step. Beyond 64 tasks, one
   /// counter for all. Against one counter for every call (session 28, the 2 MiB-L2 Xeon, one
   /// binary behind a temporary switch, 3 runs of 5–8 rounds × 3 alternated, 2 threads, fastest):
-  /// every f32 W 256 step 0.60–0.93× as long (D 64 / W 256 / kv 8 13.6 against 18.7 µs), D 64 /
-  /// W 4096 / kv 2 (1 MiB a kv head) 0.62–0.80×; past the L2 within the noise (0.79–1.27).
+  /// every W 256 step 0.60–0.93× as long, f32 and f16 (D 64 / W 256 / kv 8 13.6 against
+  /// 18.7 µs), D 64 / W 4096 / kv 2 (a kv head, 2 MiB, a thread) 0.62–0.80×; past the L2 no
+  /// direction (0.79–1.44; bench/README, session 28).
   void take_tasks(call& c, std::size_t participant) {
     if (c.n > max_shared_tasks) {
       for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) run_one(c, i);
