@@ -8,11 +8,10 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3 machine, and for such a step whose rows
-//   are likely in the caches on a wide_l2 one; decided from one kv head's bytes, the window and
-//   the GQA group, never from the other heads or the threads): the block's scores, one max and
-//   rescale per block, exp of the block's scores (Highway vector Exp), the block's V rows
-//   summed, then folded into the state;
+//   for any step of 256 positions or more on a large_l3 or wide_l2 machine; decided from one kv
+//   head's bytes, the window and the GQA group, never from the other heads or the threads): the
+//   block's scores, one max and rescale per block, exp of the block's scores (Highway vector
+//   Exp), the block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
 //   that computes segments in parallel and merges in the same order gets the same bits.
@@ -74,17 +73,21 @@ inline constexpr std::size_t large_l3_prefetch_min_bytes = std::size_t(48) << 20
 inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 20;
 
 // A machine whose L2 holds at least wide_l2_bytes a core but whose L3 is under large_l3_bytes
-// (the Intel Xeon of sessions 26–27: 2 MiB L2 and 48 KiB L1 a core, as the large_l3 Xeon, but
-// 105 MiB of L3) plans as a large_l2 one, except that a step taking cached_block_positions
-// whose window holds at least wide_block_min_positions takes wide_block_positions, as on the
-// large_l3 Xeon. Measured there (session 27, one binary behind a temporary switch, processes
-// alternated, 8 rounds × 3, median µs, 64 against 32): 0.90–0.97× in all 12 cells that change
-// (D 64 / W 256 / kv 8 and 2, D 128 / W 256 / kv 2, D 64 / W 4096 / kv 2; f32 on 1 and 2
-// threads, f16), while the unchanged D 128 / W 4096 / kv 8 cells measured 0.99–1.03×; an
-// earlier 6 × 3 run of 24 cells: 0.75–0.99× in 14 of the 17 that change, 1.00–1.05× in 3, the
-// unchanged ones 0.71–1.13× (this machine's noise; bench/README, session 27). Past the cached
-// bytes (blocks of 16) the large_l3 plan as a whole measured within that noise (session 26),
-// so those stay.
+// (the Intel Xeon of sessions 26–29: 2 MiB L2 and 48 KiB L1 a core, as the large_l3 Xeon, but
+// 105 MiB of L3) plans as a large_l2 one, except that a step whose window holds at least
+// wide_block_min_positions takes wide_block_positions, as on the large_l3 Xeon. Measured there
+// (one binary behind a temporary switch, processes alternated, µs, 64 against the large_l2
+// block; bench/README, sessions 27 and 29):
+// - against 32 (rows likely cached), session 27, 8 rounds × 3, median: 0.90–0.97× in all 12
+//   cells that change (D 64 / W 256 / kv 8 and 2, D 128 / W 256 / kv 2, D 64 / W 4096 / kv 2;
+//   f32 on 1 and 2 threads, f16), the unchanged D 128 / W 4096 / kv 8 cells 0.99–1.03×;
+// - against 16 (past the cached bytes), session 29, 8 rounds × 3: every cell at W 4096 / kv 8
+//   and W 32768 (D 64 and 128, kv 8 and 2, f32 on 1 and 2 threads, f16) 0.67–1.02× at the
+//   median (23 of 24 under 1) and 0.56–1.00× at the fastest; two earlier runs of 4 and 6 rounds
+//   × 3 agreed at D 64 / W 32768 and D 128 / W 32768 / kv 8, were level at D 128 / W 32768 /
+//   kv 2, and put the cells that did not change anywhere in 0.79–1.28× (this machine's noise).
+// The rest of the plan (prefetch, pipelining, side by side) is large_l2's: plan_reads widens the
+// block last.
 inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
 
 /// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
@@ -285,8 +288,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
   // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay large_l2's.
-  if (kind == cache_kind::wide_l2 && p.block == cached_block_positions &&
-      position_count(p.keys) >= wide_block_min_positions)
+  if (kind == cache_kind::wide_l2 && position_count(p.keys) >= wide_block_min_positions)
     p.block = wide_block_positions;
 }
 

@@ -455,7 +455,7 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
   BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 32u);
 }
 
-BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64_where_rows_are_cached) {
+BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64_from_256_positions) {
   using ringkv::simd::cache_kind;
   struct shape {
     std::size_t q, kv, dim, w, threads;
@@ -478,16 +478,19 @@ BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64
     BOOST_TEST((wide.prefetch == large.prefetch), where);
     BOOST_TEST(wide.pipelined == large.pipelined, where);
     BOOST_TEST(wide.side_by_side == large.side_by_side, where);
-    // 64 exactly where large_l2 takes 32 (a kv head's rows at most 1 MiB, 4 MiB with GQA) and
-    // the window holds 256 positions or more; 16 and the shorter windows' 32 unchanged.
-    const bool widened = large.block == 32 && s.w >= 256;
-    BOOST_TEST(wide.block == (widened ? 64u : large.block), where);
+    // 64 wherever the window holds 256 positions or more, whatever large_l2 takes there (32
+    // for a kv head's rows of at most 1 MiB, 4 MiB with GQA; 16 past that); shorter windows
+    // keep large_l2's block.
+    BOOST_TEST(wide.block == (s.w >= 256 ? 64u : large.block), where);
   }
   const cache_kind_override as(cache_kind::wide_l2);
-  BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 64u);     // 128 KiB a kv head
-  BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);   // 4 MiB a kv head, GQA 4
-  BOOST_TEST(plan_of(8, 8, 64, 4096, 1).block == 16u);    // 2 MiB a kv head, GQA 1
-  BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);     // under 256 positions
+  BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 64u);       // 128 KiB a kv head
+  BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);     // 4 MiB a kv head, GQA 4
+  BOOST_TEST(plan_of(8, 8, 64, 4096, 1).block == 64u);      // 2 MiB a kv head, GQA 1
+  BOOST_TEST(plan_of(8, 8, 128, 32768, 2).block == 64u);    // 32 MiB a kv head, pipelined
+  BOOST_TEST(plan_of(8, 8, 128, 32768, 2).pipelined);
+  BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);       // under 256 positions, cached
+  BOOST_TEST(plan_of(8, 8, 2048, 255, 1).block == 16u);     // under 256 positions, 2 MiB a head
 }
 
 // ---- determinism (M2-A4) ----------------------------------------------------------------------
@@ -767,36 +770,44 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   // block's K rows between this block's V rows, the block's V sum kept in memory). A head
   // alone (1.6–2.2 MB) is read block by block. The bits must be the same, on every target,
   // with a tail (D 130 is not whole vectors), with pinned positions (a gap in the window) and
-  // across segments (W 1600 and 4200).
-  const cache_kind_override zen3(ringkv::simd::cache_kind::small_l2);
+  // across segments (W 1600 and 4200). Planned as on a wide_l2 machine the same steps are
+  // pipelined too (its large_l2 threshold is 12 MiB), in blocks of 64 instead of 16.
+  using ringkv::simd::cache_kind;
   struct layout {
     std::size_t dim, keep, w;
   };
   constexpr std::size_t kv = 8, end = 5000;
   const windowed_attention attention;
-  for (const layout& l : {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600},
-                          layout{64, 0, 4200}}) {
-    const std::size_t w = l.w;
-    ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
-    ring.append_until(end);
-    const bool pinned = l.keep > 0;
-    const windowed_kv k = ring.keys(end - w + l.keep, end, pinned);
-    const windowed_kv v = ring.values(end - w + l.keep, end, pinned);
-    BOOST_REQUIRE(k.wrapped());
-    const std::size_t bytes = 2 * kv * w * l.dim * sizeof(float);
-    BOOST_REQUIRE(l.dim >= 128 ? bytes >= std::size_t(12) << 20 : bytes > std::size_t(16) << 20);
-    const auto query = make_query(kv, l.dim, 15);
-    reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
-    if (pinned) ref.add(0, l.keep);
-    ref.add(end - w + l.keep, end);
-    std::vector<float> all(kv * l.dim);
-    for_each_target([&](const char* target) {
-      attention.decode_step(query, k, v, all);
-      BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " D " << l.dim);  // see relative_error
-      expect_each_head_as_alone(attention, query, k, v, all,
-                                std::string(target) + ", D " + std::to_string(l.dim) +
-                                    ", keep " + std::to_string(l.keep));
-    });
+  for (const cache_kind kind : {cache_kind::small_l2, cache_kind::wide_l2}) {
+    for (const layout& l : {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600},
+                            layout{64, 0, 4200}}) {
+      const cache_kind_override as(kind);
+      const ringkv::simd::problem plan = plan_of(kv, kv, l.dim, l.w, 1);
+      BOOST_REQUIRE(plan.pipelined);
+      BOOST_REQUIRE(plan.block == (kind == cache_kind::wide_l2 ? 64u : 16u));
+      const std::size_t w = l.w;
+      ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
+      ring.append_until(end);
+      const bool pinned = l.keep > 0;
+      const windowed_kv k = ring.keys(end - w + l.keep, end, pinned);
+      const windowed_kv v = ring.values(end - w + l.keep, end, pinned);
+      BOOST_REQUIRE(k.wrapped());
+      const std::size_t bytes = 2 * kv * w * l.dim * sizeof(float);
+      BOOST_REQUIRE(l.dim >= 128 ? bytes >= std::size_t(12) << 20 : bytes > std::size_t(16) << 20);
+      const auto query = make_query(kv, l.dim, 15);
+      reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
+      if (pinned) ref.add(0, l.keep);
+      ref.add(end - w + l.keep, end);
+      std::vector<float> all(kv * l.dim);
+      for_each_target([&](const char* target) {
+        attention.decode_step(query, k, v, all);
+        const std::string where = std::string(target) + ", kind " +
+                                  std::to_string(int(kind)) + ", D " + std::to_string(l.dim) +
+                                  ", keep " + std::to_string(l.keep);
+        BOOST_TEST(ref.relative_error(all) <= 2e-6, where);  // see relative_error
+        expect_each_head_as_alone(attention, query, k, v, all, where);
+      });
+    }
   }
 }
 
