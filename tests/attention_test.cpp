@@ -778,27 +778,27 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   };
   constexpr std::size_t kv = 8, end = 5000;
   const windowed_attention attention;
-  for (const cache_kind kind : {cache_kind::small_l2, cache_kind::wide_l2}) {
-    for (const layout& l : {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600},
-                            layout{64, 0, 4200}}) {
+  for (const layout& l : {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600},
+                          layout{64, 0, 4200}}) {
+    const std::size_t w = l.w;
+    ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
+    ring.append_until(end);
+    const bool pinned = l.keep > 0;
+    const windowed_kv k = ring.keys(end - w + l.keep, end, pinned);
+    const windowed_kv v = ring.values(end - w + l.keep, end, pinned);
+    BOOST_REQUIRE(k.wrapped());
+    const std::size_t bytes = 2 * kv * w * l.dim * sizeof(float);
+    BOOST_REQUIRE(l.dim >= 128 ? bytes >= std::size_t(12) << 20 : bytes > std::size_t(16) << 20);
+    const auto query = make_query(kv, l.dim, 15);
+    reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
+    if (pinned) ref.add(0, l.keep);
+    ref.add(end - w + l.keep, end);
+    std::vector<float> all(kv * l.dim);
+    for (const cache_kind kind : {cache_kind::small_l2, cache_kind::wide_l2}) {
       const cache_kind_override as(kind);
-      const ringkv::simd::problem plan = plan_of(kv, kv, l.dim, l.w, 1);
+      const ringkv::simd::problem plan = plan_of(kv, kv, l.dim, w, 1);
       BOOST_REQUIRE(plan.pipelined);
       BOOST_REQUIRE(plan.block == (kind == cache_kind::wide_l2 ? 64u : 16u));
-      const std::size_t w = l.w;
-      ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
-      ring.append_until(end);
-      const bool pinned = l.keep > 0;
-      const windowed_kv k = ring.keys(end - w + l.keep, end, pinned);
-      const windowed_kv v = ring.values(end - w + l.keep, end, pinned);
-      BOOST_REQUIRE(k.wrapped());
-      const std::size_t bytes = 2 * kv * w * l.dim * sizeof(float);
-      BOOST_REQUIRE(l.dim >= 128 ? bytes >= std::size_t(12) << 20 : bytes > std::size_t(16) << 20);
-      const auto query = make_query(kv, l.dim, 15);
-      reference_attention ref(query, kv, l.dim, 1 / std::sqrt(double(l.dim)), {});
-      if (pinned) ref.add(0, l.keep);
-      ref.add(end - w + l.keep, end);
-      std::vector<float> all(kv * l.dim);
       for_each_target([&](const char* target) {
         attention.decode_step(query, k, v, all);
         const std::string where = std::string(target) + ", kind " +
