@@ -249,6 +249,12 @@ inline bool may_pipeline(const problem& p) {
   return p.q_heads == p.kv_heads && p.keys.type == element::f32;
 }
 
+/// p.block ← wide_block_positions if the window holds at least wide_block_min_positions: the
+/// rule large_l3 and wide_l2 machines share; O(runs).
+inline void take_wide_blocks(problem& p) {
+  if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
+}
+
 /// plan_reads' prefetch, pipelined and side_by_side on a large_l3 machine, from the step's
 /// `bytes` (all threads'). Measured there (one binary behind a temporary switch, fastest µs,
 /// bench/README "Tuning measured", session 23): with one query head per kv head, rows read
@@ -260,7 +266,7 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
   p.pipelined = may_pipeline(p) && row_bytes(p) >= pipelined_min_short_row_bytes &&
                 bytes > large_l3_pipelined_min_bytes;
   p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
-  if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
+  take_wide_blocks(p);
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
@@ -288,8 +294,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
   // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay large_l2's.
-  if (kind == cache_kind::wide_l2 && position_count(p.keys) >= wide_block_min_positions)
-    p.block = wide_block_positions;
+  if (kind == cache_kind::wide_l2) take_wide_blocks(p);
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores
