@@ -55,9 +55,13 @@ void relax() noexcept {
 /// short enough that an idle pool stops burning a core almost at once.
 constexpr std::chrono::microseconds spin_for{100};
 
-/// Spins until done() or spin_for has passed; returns done().
+/// Spins until done() or spin_for has passed; returns done(). done() is tried before the clock
+/// is read: a caller whose workers have already left (and a worker whose next call has come)
+/// goes on at once. Measured (pool_bench, 8 rounds × 5, median µs, against reading the clock
+/// first): an empty parallel_for(2) 0.97 → 0.67, two tasks reading 512 KiB each 12.4 → 11.4.
 template <class Done>
 bool spin_until(Done&& done) {
+  if (done()) return true;
   const auto until = std::chrono::steady_clock::now() + spin_for;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
