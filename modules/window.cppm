@@ -40,24 +40,28 @@ class windowed_kv {
   const tensor_view& head() const;
   /// The last run when there is more than one.
   std::optional<tensor_view> tail() const;
+  // The accessors are `inline` for importers to inline them (see tensor_view's).
   /// The runs in position order; O(1).
-  std::span<const tensor_view> runs() const noexcept { return {views_.data(), count_}; }
-  /// Absolute position of run i's first row; O(1).
-  std::size_t run_first_position(std::size_t i) const;
+  inline std::span<const tensor_view> runs() const noexcept { return {views_.data(), count_}; }
+  /// Absolute position of run i's first row (throws std::out_of_range past the runs); O(1).
+  inline std::size_t run_first_position(std::size_t i) const {
+    if (i >= count_) refuse_run(i);
+    return starts_[i];
+  }
   /// Total positions over all runs.
-  std::size_t length() const noexcept { return length_; }
-  bool empty() const noexcept { return length_ == 0; }
+  inline std::size_t length() const noexcept { return length_; }
+  inline bool empty() const noexcept { return length_ == 0; }
   /// Whether consecutive positions are split across runs (the ring's end falls in the window).
   bool wrapped() const noexcept;
   /// Absolute position of the oldest row (0 for an empty window).
-  std::size_t first_position() const noexcept { return count_ ? starts_[0] : 0; }
+  inline std::size_t first_position() const noexcept { return count_ ? starts_[0] : 0; }
   /// One past the absolute position of the newest row.
-  std::size_t end_position() const noexcept {
+  inline std::size_t end_position() const noexcept {
     return count_ ? starts_[count_ - 1] + views_[count_ - 1].positions() : 0;
   }
-  std::size_t heads() const noexcept { return count_ ? views_[0].heads() : 0; }
-  std::size_t head_dim() const noexcept { return count_ ? views_[0].head_dim() : 0; }
-  dtype type() const noexcept { return count_ ? views_[0].type() : dtype::f32; }
+  inline std::size_t heads() const noexcept { return count_ ? views_[0].heads() : 0; }
+  inline std::size_t head_dim() const noexcept { return count_ ? views_[0].head_dim() : 0; }
+  inline dtype type() const noexcept { return count_ ? views_[0].type() : dtype::f32; }
 
   /// Copies the window into one contiguous [heads, length, head_dim] view in `arena` and emits
   /// one adapter_inserted{"gather-kv-window", target, bytes}; O(length * heads * head_dim).
@@ -68,6 +72,7 @@ class windowed_kv {
 
  private:
   void add(const tensor_view& v, std::size_t first_position);
+  [[noreturn]] void refuse_run(std::size_t i) const;
 
   std::array<tensor_view, max_runs> views_{};
   std::array<std::size_t, max_runs> starts_{};

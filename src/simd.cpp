@@ -87,6 +87,24 @@ std::int64_t TargetImpl() { return HWY_TARGET; }
 
 float DotImpl(const float* a, const float* b, std::size_t n) { return Dot(DF(), a, b, n); }
 
+/// Whether no float of p[0, n) has all exponent bits set (NaN, ±Inf): ORs that test over
+/// vectors, and the tail (fewer floats than a vector) one float at a time.
+bool AllFiniteImpl(const float* p, std::size_t n) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const auto exponent = hn::Set(du, 0x7f800000u);
+  auto bad = hn::Zero(du);
+  const auto test = [&](VF v) {
+    const auto e = hn::And(hn::BitCast(du, v), exponent);
+    bad = hn::Or(bad, hn::VecFromMask(du, hn::Eq(e, exponent)));
+  };
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) test(hn::LoadU(d, p + i));
+  for (; i < n; ++i) test(hn::Set(d, p[i]));
+  return hn::AllTrue(du, hn::Eq(bad, hn::Zero(du)));
+}
+
 void AttendImpl(const problem& p, std::size_t from, std::size_t to, const state& s) {
   WithLoader(p, [&](auto loader) { AttendT<decltype(loader)>(p, from, to, s); });
 }
@@ -112,6 +130,7 @@ namespace ringkv::simd {
 
 HWY_EXPORT(TargetImpl);
 HWY_EXPORT(DotImpl);
+HWY_EXPORT(AllFiniteImpl);
 HWY_EXPORT(AttendImpl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(FinishImpl);
@@ -142,6 +161,9 @@ const char* target_name() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetIm
 std::int64_t compiled_targets() { return HWY_TARGETS; }
 float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
+bool all_finite(const float* p, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(AllFiniteImpl)(p, n);
 }
 void attend(const problem& p, std::size_t from, std::size_t to, const state& s) {
   HWY_DYNAMIC_DISPATCH(AttendImpl)(p, from, to, s);

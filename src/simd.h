@@ -313,6 +313,8 @@ const char* target_name();
 std::int64_t compiled_targets();
 /// Σ a[i]·b[i] in f32; O(n).
 float dot(const float* a, const float* b, std::size_t n);
+/// Whether p[0, n) holds no NaN and no ±Inf; O(n), one vector test per Lanes floats.
+bool all_finite(const float* p, std::size_t n);
 /// Continues `s` over the window positions in [from, to) (blocks cut at `from`/`to` if they are
 /// not block-aligned); O(positions · q_heads · head_dim).
 void attend(const problem& p, std::size_t from, std::size_t to, const state& s);

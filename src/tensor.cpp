@@ -16,6 +16,8 @@ module;
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
+
+#include "simd.h"
 module ringkv.tensor;
 
 namespace ringkv {
@@ -43,15 +45,9 @@ void advise_huge_pages([[maybe_unused]] std::byte* data, [[maybe_unused]] std::s
 }  // namespace
 
 bool all_finite(std::span<const float> values) noexcept {
-  // An f32 is NaN or ±Inf exactly when its exponent bits are all ones. OR-ing that test over the
-  // bits is a loop the compiler vectorizes (isfinite per element stayed scalar: ~1 µs for a
-  // 1024-float query, 3.5 % of a W 256 decode step).
-  std::uint32_t bad = 0;
-  for (const float f : values) {
-    const std::uint32_t exponent = std::bit_cast<std::uint32_t>(f) & 0x7f800000u;
-    bad |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
-  }
-  return bad == 0;
+  // Highway's widest target: the compiler's own vectorization of this test stayed at SSE2 (the
+  // library's baseline), 0.13 µs for a 512-float query, 6 % of a D 64 / W 16 / kv 8 step.
+  return simd::all_finite(values.data(), values.size());
 }
 
 bool overlaps(std::span<const float> a, std::span<const float> b) noexcept {

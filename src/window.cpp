@@ -62,11 +62,9 @@ std::optional<tensor_view> windowed_kv::tail() const {
   return views_[count_ - 1];
 }
 
-std::size_t windowed_kv::run_first_position(std::size_t i) const {
-  if (i >= count_)
-    throw std::out_of_range("ringkv::windowed_kv::run_first_position: run " + std::to_string(i) +
-                            " of " + std::to_string(count_));
-  return starts_[i];
+void windowed_kv::refuse_run(std::size_t i) const {
+  throw std::out_of_range("ringkv::windowed_kv::run_first_position: run " + std::to_string(i) +
+                          " of " + std::to_string(count_));
 }
 
 bool windowed_kv::wrapped() const noexcept {

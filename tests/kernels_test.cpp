@@ -9,6 +9,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hwy_targets.hpp"
@@ -62,6 +63,35 @@ BOOST_AUTO_TEST_CASE(dot_matches_a_double_reference_for_every_length_and_target)
         // ≤ 12 roundings of ≤ 2^-24 · Σ|a·b| each, 7.2e-7 · magnitude at most.
         BOOST_TEST(std::abs(got - ref) <= 1e-6 * (magnitude + 1e-30), "n " << n);
       }
+    }
+  });
+}
+
+// all_finite is a Highway kernel (every vector, then a scalar tail): a NaN or an Inf must be
+// found at any index of any length, on every target, and the largest finite floats, subnormals
+// and zeros must pass.
+BOOST_AUTO_TEST_CASE(a_nan_or_an_inf_is_found_at_every_index_of_every_length_on_every_target) {
+  const float finite[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(), -0.0f, 0.0f, 1.0f};
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf};
+  for_each_target([&](const char* target) {
+    for (std::size_t n = 1; n <= 70; ++n) {
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = finite[i % std::size(finite)];
+      BOOST_TEST(ringkv::all_finite(v), target << " n " << n);
+      BOOST_CHECK_NO_THROW(ringkv::require_finite("test", "v", v));
+      for (std::size_t at = 0; at < n; ++at)
+        for (const float b : bad) {
+          const float kept = std::exchange(v[at], b);
+          BOOST_TEST(!ringkv::all_finite(v), target << " n " << n << " at " << at);
+          BOOST_CHECK_EXCEPTION(ringkv::require_finite("test", "v", v), std::invalid_argument,
+                                [&](const std::invalid_argument& e) {
+                                  return std::string(e.what()).find(
+                                             "at index " + std::to_string(at)) !=
+                                         std::string::npos;
+                                });
+          v[at] = kept;
+        }
     }
   });
 }
