@@ -64,13 +64,16 @@ class storage {
   /// Frees the buffer and emits release{site, bytes}.
   ~storage();
 
-  std::byte* data() noexcept { return data_; }
+  // The accessors are `inline` for importers to inline them (see tensor_view's).
+  inline std::byte* data() noexcept { return data_; }
   inline const std::byte* data() const noexcept { return data_; }
   inline std::size_t bytes() const noexcept { return bytes_; }
   inline bool empty() const noexcept { return data_ == nullptr; }
   /// The buffer as elements of T (bytes / sizeof(T) of them); O(1).
   template <class T>
-  std::span<T> as() noexcept { return {reinterpret_cast<T*>(data_), bytes_ / sizeof(T)}; }
+  inline std::span<T> as() noexcept {
+    return {reinterpret_cast<T*>(data_), bytes_ / sizeof(T)};
+  }
   template <class T>
   inline std::span<const T> as() const noexcept {
     return {reinterpret_cast<const T*>(data_), bytes_ / sizeof(T)};
