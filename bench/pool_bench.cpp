@@ -14,20 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "spin.h"
 #include "stream_read.h"
 
 import ringkv;
 
 namespace {
-
-/// One step of a spinning wait (a pause hint where the CPU has one).
-void relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
 
 /// One worker spinning on a generation; run(fn) runs fn(0) here and fn(1) there.
 class minimal_fork_join {
@@ -46,7 +38,7 @@ class minimal_fork_join {
                       std::memory_order_release);
     fn(0);
     while (done_.load(std::memory_order_acquire) != generation_.load(std::memory_order_relaxed))
-      relax();
+      ringkv::spin::relax();
   }
 
  private:
@@ -55,7 +47,7 @@ class minimal_fork_join {
       std::uint64_t g;
       while ((g = generation_.load(std::memory_order_acquire)) == seen) {
         if (stop_.load(std::memory_order_relaxed)) return;
-        relax();
+        ringkv::spin::relax();
       }
       invoke_(job_, 1);
       done_.store(seen = g, std::memory_order_release);

@@ -22,6 +22,8 @@ module;
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "spin.h"
 module ringkv.parallel;
 
 namespace ringkv {
@@ -42,15 +44,6 @@ class running_guard {
   const void* previous_;
 };
 
-/// One step of a spinning wait: a pause hint to the core (its sibling thread runs on).
-void relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
 /// How long a wait spins before it blocks: enough to catch the next step of a decode loop,
 /// short enough that an idle pool stops burning a core almost at once.
 constexpr std::chrono::microseconds spin_for{100};
@@ -66,7 +59,7 @@ bool spin_until(Done&& done) {
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
-      relax();
+      spin::relax();
     }
     if (std::chrono::steady_clock::now() >= until) return done();
   }
