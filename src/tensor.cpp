@@ -1,8 +1,6 @@
 module;
 #include <cstddef>
 #include <algorithm>
-#include <bit>
-#include <cstdint>
 #include <cmath>
 #include <string_view>
 #include <cstring>
