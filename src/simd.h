@@ -86,8 +86,8 @@ inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 2
 //   median (23 of 24 under 1) and 0.56–1.00× at the fastest; two earlier runs of 4 and 6 rounds
 //   × 3 agreed at D 64 / W 32768 and D 128 / W 32768 / kv 8, were level at D 128 / W 32768 /
 //   kv 2, and put the cells that did not change anywhere in 0.79–1.28× (this machine's noise).
-// The rest of the plan (prefetch, pipelining, side by side) is large_l2's: plan_reads widens the
-// block last.
+// The rest of the plan (prefetch, pipelining, side by side) is large_l2's, but for f16 and bf16
+// rows read pipelined (half_pipelined_min_bytes): plan_reads widens the block last.
 inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
 
 /// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
@@ -133,7 +133,8 @@ inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // 3,460 / 4,233; W 32768 13,041 / 13,885 against 15,019 / 18,506. Not at D 64 (W 4096 549 / 619
 // against 549 / 570, W 32768 6,999 / 7,205 against 6,858 / 7,316), nor for f16 rows, whose
 // promotion makes a row's work longer (D 128 / W 4096 785 / 833 against 648 / 673, D 64 /
-// W 4096 479 / 487 against 257 / 272), nor in the caches (D 128 / W 256 ~49 against ~41).
+// W 4096 479 / 487 against 257 / 272; on the Zen 3: a wide_l2 machine pipelines them, see
+// half_pipelined_min_bytes), nor in the caches (D 128 / W 256 ~49 against ~41).
 inline constexpr std::size_t pipelined_min_row_bytes = 512;
 // ... and f32 rows of at least this many bytes (D 64) once a thread reads more than
 // dense_prefetch_max_bytes (rows mostly from memory). Level on the Zen 3 (above); on the Zen 5
@@ -249,6 +250,27 @@ inline bool may_pipeline(const problem& p) {
   return p.q_heads == p.kv_heads && p.keys.type == element::f32;
 }
 
+// On a wide_l2 machine, a step with one query head per kv head whose rows are f16 or bf16 (at
+// least half_pipelined_min_row_bytes) reads them pipelined too once a thread reads at least
+// half_pipelined_min_bytes (rows mostly from memory). Measured there (session 32, one binary
+// behind a temporary switch, processes alternated, pipelined ÷ in blocks, fastest (median),
+// 5–6 rounds × 3, f16 and bf16): D 128 / W 32768 / kv 8 (128 MiB) 0.69–0.71 (0.71–0.85), on
+// 2 threads 0.79–0.80 (0.75–0.80); D 64 / W 32768 / kv 8 (64 MiB) 0.77–0.88 (0.73–0.81), on
+// 2 threads 0.69–0.78 (0.79–0.81); D 128 / W 4096 / kv 8 (16 MiB) 0.76–0.83 (0.88–0.97);
+// D 64 / W 8192 (16 MiB) 0.88–0.98 (1.05). Not below: 12 MiB (D 64 / W 6144, D 128 /
+// W 3072) 0.89–1.48 (1.01–1.33), 8 MiB a thread (D 128 / W 4096 on 2 threads) 0.92–0.96
+// (1.04–1.05), D 64 / W 4096 (8 MiB) 1.13–1.23 (1.30–1.41). On the Zen 3 (AVX2) the promotion
+// made a pipelined row's work too long (see pipelined_min_row_bytes): only wide_l2 takes it.
+inline constexpr std::size_t half_pipelined_min_bytes = std::size_t(16) << 20;
+inline constexpr std::size_t half_pipelined_min_row_bytes = 128;
+
+/// Whether a step over `p` could read f16 or bf16 rows pipelined on a wide_l2 machine (one
+/// query head per kv head, rows of at least half_pipelined_min_row_bytes); O(1).
+inline bool may_pipeline_half_rows(const problem& p) {
+  return p.q_heads == p.kv_heads && p.keys.type != element::f32 &&
+         row_bytes(p) >= half_pipelined_min_row_bytes;
+}
+
 /// p.block ← wide_block_positions if the window holds at least wide_block_min_positions: the
 /// rule large_l3 and wide_l2 machines share; O(runs).
 inline void take_wide_blocks(problem& p) {
@@ -288,7 +310,9 @@ inline void plan_reads(problem& p, std::size_t threads) {
       row >= pipelined_min_row_bytes
           ? per_thread >= least
           : row >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
-  p.pipelined = may_pipeline(p) && pipelined_rows;
+  p.pipelined = (may_pipeline(p) && pipelined_rows) ||
+                (kind == cache_kind::wide_l2 && may_pipeline_half_rows(p) &&
+                 per_thread >= half_pipelined_min_bytes);
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&

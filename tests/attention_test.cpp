@@ -34,6 +34,7 @@ using ringkv::windowed_attention;
 using ringkv::windowed_kv;
 using ringkv_test::cache_kind_override;
 using ringkv_test::for_each_target;
+using ringkv_test::plan_of;
 using ringkv_test::pseudo_random;
 
 namespace {
@@ -405,24 +406,6 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 
 // ---- read plans --------------------------------------------------------------------------
 
-namespace {
-
-/// A step's problem as plan_reads sees it: W positions of q/kv heads of D f32 elements, one run
-/// laid out [positions, kv heads, D] (no rows behind it: plan_reads reads only the geometry).
-ringkv::simd::problem plan_of(std::size_t q, std::size_t kv, std::size_t dim, std::size_t w,
-                              std::size_t threads) {
-  ringkv::simd::problem p;
-  p.q_heads = q, p.kv_heads = kv, p.head_dim = dim;
-  for (ringkv::simd::window* side : {&p.keys, &p.values}) {
-    side->runs[0] = {.head_stride = dim * 4, .position_stride = kv * dim * 4, .first = 0,
-                     .count = w};
-    side->run_count = 1;
-  }
-  ringkv::simd::plan_reads(p, threads);
-  return p;
-}
-
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
   using ringkv::simd::prefetch_walk;
@@ -491,6 +474,28 @@ BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64
   BOOST_TEST(plan_of(8, 8, 128, 32768, 2).pipelined);
   BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);       // under 256 positions, cached
   BOOST_TEST(plan_of(8, 8, 2048, 255, 1).block == 16u);     // under 256 positions, 2 MiB a head
+}
+
+BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_half_rows_pipelined_from_16_mib_a_thread) {
+  // One query head a kv head, f16 or bf16 rows of at least 128 bytes, at least 16 MiB a thread
+  // (half_pipelined_min_bytes): pipelined, so not side by side. Not below, not with GQA, not
+  // rows of 64 bytes, and never on a large_l2 machine (the Zen 3's promotion made it slower).
+  using ringkv::simd::cache_kind;
+  using ringkv::simd::element;
+  for (const element half : {element::f16, element::bf16}) {
+    {
+      const cache_kind_override as(cache_kind::wide_l2);
+      const auto p = plan_of(8, 8, 128, 4096, 1, half);  // 16 MiB
+      BOOST_TEST((p.pipelined && !p.side_by_side && p.block == 64u));
+      BOOST_TEST(plan_of(8, 8, 64, 32768, 2, half).pipelined);   // 32 MiB a thread, 128-byte rows
+      BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);  // 8 MiB a thread
+      BOOST_TEST(!plan_of(8, 8, 64, 6144, 1, half).pipelined);   // 12 MiB
+      BOOST_TEST(!plan_of(8, 8, 32, 65536, 1, half).pipelined);  // 64-byte rows
+      BOOST_TEST(!plan_of(8, 2, 128, 32768, 1, half).pipelined);  // GQA 4
+    }
+    const cache_kind_override as(cache_kind::large_l2);
+    BOOST_TEST(!plan_of(8, 8, 128, 32768, 1, half).pipelined);
+  }
 }
 
 // ---- determinism (M2-A4) ----------------------------------------------------------------------

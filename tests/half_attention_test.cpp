@@ -18,6 +18,7 @@
 #include <range/v3/iterator/operations.hpp>
 #include <range/v3/range/operations.hpp>
 
+#include "cache_kind.hpp"
 #include "count_new.hpp"
 #include "hwy_targets.hpp"
 
@@ -287,6 +288,41 @@ BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_th
                            << ", largest score change " << delta << ")");
         BOOST_TEST(kernel <= f32_class, ringkv::name_of(type) << " W " << w << " " << target);
         BOOST_TEST(storage <= bound, ringkv::name_of(type) << " W " << w << " " << target);
+      });
+    }
+}
+
+BOOST_AUTO_TEST_CASE(half_rows_read_pipelined_give_the_bits_they_get_in_blocks_on_two_threads) {
+  // One query head a kv head, 8 kv heads of f16 or bf16 rows over W 4096 of a wrapped ring:
+  // D 128 (16 MiB) and D 130 (not whole vectors). Planned as on a wide_l2 machine, one thread
+  // reads them pipelined (half_pipelined_min_bytes) and two threads (8 MiB each) in blocks,
+  // four kv heads side by side. Both take blocks of 64 positions, so the bits must be the same,
+  // on every target, and within the f32 class of the reference on the rounded rows.
+  using ringkv::simd::cache_kind;
+  constexpr std::size_t kv = 8, w = 4096, end = 5000;
+  const ringkv_test::cache_kind_override as(cache_kind::wide_l2);
+  ringkv::default_thread_pool two(2);
+  const windowed_attention alone, pooled(ringkv::attention_options{.pool = &two});
+  for (dtype type : half_types)
+    for (std::size_t dim : {128, 130}) {
+      const auto element =
+          type == dtype::f16 ? ringkv::simd::element::f16 : ringkv::simd::element::bf16;
+      BOOST_REQUIRE(ringkv_test::plan_of(kv, kv, dim, w, 1, element).pipelined);
+      BOOST_REQUIRE(!ringkv_test::plan_of(kv, kv, dim, w, 2, element).pipelined);
+      auto store = make_store(type, kv, dim, w + 7, true);
+      fill_until(store, end);
+      const windowed_kv k = store.key_window(0, end - w, end);
+      const windowed_kv v = store.value_window(0, end - w, end);
+      BOOST_REQUIRE(k.wrapped());
+      const auto query = make_query(kv, dim, 31);
+      const reference ref = on_rounded_rows(type, query, kv, dim, end - w, end);
+      std::vector<float> one(query.size()), both(query.size());
+      for_each_target([&](const char* target) {
+        alone.decode_step(query, k, v, one);
+        pooled.decode_step(query, k, v, both);
+        const double e = relative_error(one, ref);
+        BOOST_TEST(e <= f32_class, ringkv::name_of(type) << " D " << dim << " " << target);
+        BOOST_TEST(same_bits(one, both), ringkv::name_of(type) << " D " << dim << " " << target);
       });
     }
 }
