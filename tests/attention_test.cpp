@@ -406,7 +406,6 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 
 // ---- read plans --------------------------------------------------------------------------
 
-
 BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
   using ringkv::simd::prefetch_walk;
   const cache_kind_override as(ringkv::simd::cache_kind::large_l3);
