@@ -21,6 +21,7 @@ set(RINGKV_SOURCES
   src/store_slotted.cpp
   src/store_default.cpp
   src/simd.cpp
+  src/cache_sizes.cpp
   src/parallel.cpp
   src/decode_split.cpp
   src/kernels.cpp

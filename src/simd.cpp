@@ -7,8 +7,6 @@
 
 #include "simd.h"
 
-#include <unistd.h>
-
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -143,11 +141,11 @@ std::atomic<int> cache_kind_for_test{-1};
 
 cache_kind this_cache_kind() {
   static const cache_kind here = [] {
-    // 0 or -1 where the system does not say: then the limits of the smallest caches.
-    const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (l3 > 0 && std::size_t(l3) >= large_l3_bytes) return cache_kind::large_l3;
-    if (l2 > 0 && std::size_t(l2) >= wide_l2_bytes) return cache_kind::wide_l2;
-    return l2 > 0 && std::size_t(l2) > small_l2_bytes ? cache_kind::large_l2 : cache_kind::small_l2;
+    // 0 where the system does not say: then the limits of the smallest caches.
+    const std::size_t l2 = cache_bytes(2), l3 = cache_bytes(3);
+    if (l3 >= large_l3_bytes) return cache_kind::large_l3;
+    if (l2 >= wide_l2_bytes) return cache_kind::wide_l2;
+    return l2 > small_l2_bytes ? cache_kind::large_l2 : cache_kind::small_l2;
   }();
   const int forced = cache_kind_for_test.load(std::memory_order_relaxed);
   return forced < 0 ? here : cache_kind(forced);

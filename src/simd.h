@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ringkv::simd {
 
@@ -93,8 +94,14 @@ inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
 /// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
 /// at least wide_l2_bytes, or an L3 of at least large_l3_bytes.
 enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3, wide_l2 };
-/// This machine's kind (its caches read once, from sysconf), or the one a test set; O(1).
+/// This machine's kind (its caches read once, by cache_bytes), or the one a test set; O(1).
 cache_kind this_cache_kind();
+/// Bytes of cpu0's level-`level` data or unified cache as the sysfs directory `dir` lists it
+/// (Linux: /sys/devices/system/cpu/cpu0/cache), 0 where it does not; reads a few small files.
+std::size_t sysfs_cache_bytes(const std::string& dir, int level);
+/// Bytes of this machine's level-`level` (1–3) data or unified cache: sysfs's, else sysconf's,
+/// else 0; reads a few small files.
+std::size_t cache_bytes(int level);
 /// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
 /// any machine); null restores this machine's own. Not thread-safe against running steps.
 void set_cache_kind_for_test(const cache_kind* k);

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <span>
@@ -17,6 +20,8 @@
 #include <range/v3/iterator/operations.hpp>
 #include <range/v3/range/access.hpp>
 #include <range/v3/range/operations.hpp>
+
+#include <unistd.h>
 
 #include "cache_kind.hpp"
 #include "count_new.hpp"
@@ -405,6 +410,62 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
 }
 
 // ---- read plans --------------------------------------------------------------------------
+
+namespace {
+/// A sysfs cache directory (index0, index1, … with level, type and size) in a fresh temporary
+/// folder, removed when it leaves scope.
+class fake_cache_dir {
+ public:
+  struct entry {
+    const char *level, *type, *size;
+  };
+  explicit fake_cache_dir(std::initializer_list<entry> entries)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("ringkv-cache-" + std::to_string(::getpid()) + "-" + std::to_string(count_++))) {
+    std::size_t i = 0;
+    for (const entry& e : entries) {
+      const auto index = dir_ / ("index" + std::to_string(i++));
+      std::filesystem::create_directories(index);
+      std::ofstream(index / "level") << e.level << "\n";
+      std::ofstream(index / "type") << e.type << "\n";
+      std::ofstream(index / "size") << e.size << "\n";
+    }
+  }
+  ~fake_cache_dir() { std::filesystem::remove_all(dir_); }
+  fake_cache_dir(const fake_cache_dir&) = delete;
+  fake_cache_dir& operator=(const fake_cache_dir&) = delete;
+  std::string path() const { return dir_.string(); }
+
+ private:
+  static inline int count_ = 0;
+  std::filesystem::path dir_;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_cache_sizes_come_from_sysfs_data_or_unified_caches_by_level) {
+  using ringkv::simd::sysfs_cache_bytes;
+  // As a Zen 4 EPYC vCPU lists them (whose L3 glibc's sysconf gave as 320 MiB).
+  const fake_cache_dir zen4({{"1", "Instruction", "64K"},
+                             {"1", "Data", "32K"},
+                             {"2", "Unified", "1024K"},
+                             {"3", "Unified", "32768K"}});
+  BOOST_TEST(sysfs_cache_bytes(zen4.path(), 1) == std::size_t(32) << 10);  // not the I-cache
+  BOOST_TEST(sysfs_cache_bytes(zen4.path(), 2) == std::size_t(1) << 20);
+  BOOST_TEST(sysfs_cache_bytes(zen4.path(), 3) == std::size_t(32) << 20);
+  const fake_cache_dir units({{"2", "Unified", "2M"}, {"3", "Unified", "503316480"}});
+  BOOST_TEST(sysfs_cache_bytes(units.path(), 2) == std::size_t(2) << 20);
+  BOOST_TEST(sysfs_cache_bytes(units.path(), 3) == std::size_t(480) << 20);
+}
+
+BOOST_AUTO_TEST_CASE(a_cache_sysfs_does_not_list_or_cannot_size_counts_as_unknown) {
+  using ringkv::simd::sysfs_cache_bytes;
+  const fake_cache_dir no_l3({{"1", "Data", "32K"}, {"2", "Unified", "512K"}});
+  BOOST_TEST(sysfs_cache_bytes(no_l3.path(), 3) == 0u);
+  const fake_cache_dir garbled({{"2", "Unified", "lots"}, {"3", "Unified", "32768Q"}});
+  BOOST_TEST(sysfs_cache_bytes(garbled.path(), 2) == 0u);
+  BOOST_TEST(sysfs_cache_bytes(garbled.path(), 3) == 0u);
+  BOOST_TEST(sysfs_cache_bytes(no_l3.path() + "/missing", 2) == 0u);
+}
 
 BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
   using ringkv::simd::prefetch_walk;
