@@ -8,8 +8,9 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3 or wide_l2 machine; decided from one kv
-//   head's bytes, the window and the GQA group, never from the other heads or the threads): the
+//   for any step of 256 positions or more on a large_l3, wide_l2 or large_l2 machine; decided
+//   from one kv head's bytes, the window and the GQA group, never from the other heads or the
+//   threads): the
 //   block's scores, one max and rescale per block, exp of the block's scores (Highway vector
 //   Exp), the block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
@@ -267,7 +268,8 @@ inline bool may_pipeline(const problem& p) {
 // D 64 / W 8192 (16 MiB) 0.88–0.98 (1.05). Not below: 12 MiB (D 64 / W 6144, D 128 /
 // W 3072) 0.89–1.48 (1.01–1.33), 8 MiB a thread (D 128 / W 4096 on 2 threads) 0.92–0.96
 // (1.04–1.05), D 64 / W 4096 (8 MiB) 1.13–1.23 (1.30–1.41). On the Zen 3 (AVX2) the promotion
-// made a pipelined row's work too long (see pipelined_min_row_bytes): only wide_l2 takes it.
+// made a pipelined row's work too long (see pipelined_min_row_bytes): only wide_l2 and
+// large_l2 take it (takes_wide_reads).
 inline constexpr std::size_t half_pipelined_min_bytes = std::size_t(16) << 20;
 inline constexpr std::size_t half_pipelined_min_row_bytes = 128;
 
@@ -279,7 +281,7 @@ inline bool may_pipeline_half_rows(const problem& p) {
 }
 
 /// p.block ← wide_block_positions if the window holds at least wide_block_min_positions: the
-/// rule large_l3 and wide_l2 machines share; O(runs).
+/// rule large_l3, wide_l2 and large_l2 machines share; O(runs).
 inline void take_wide_blocks(problem& p) {
   if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
 }
@@ -296,6 +298,19 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
                 bytes > large_l3_pipelined_min_bytes;
   p.side_by_side = may_go_side_by_side(p) && p.prefetch == prefetch_walk::none;
   take_wide_blocks(p);
+}
+
+/// Whether a machine of kind `k` takes take_wide_blocks and the pipelined f16/bf16 reads
+/// (may_pipeline_half_rows): a wide_l2 one, and since session 36 a large_l2 one. Measured on the
+/// Zen 4 (1 MiB L2, 32 MiB L3, AVX3; a temporary switch forcing the kind, 3 rounds × 3 of the
+/// decode grid, f32 and f16, 1 and 2 threads, × roof at the median): wide_l2's plan ÷ large_l2's
+/// 0.92 in geometric mean over the 48 cells, faster in 34 (W 256 and kv 2 cells 0.93–0.97,
+/// f16 D 64 / W 32768 / kv 8 on 2 threads 1.15 against 2.66), slower in 4 (f32 D 128 / W 4096 /
+/// kv 8 1.61 against 1.48, D 128 / W 32768 / kv 8 on 2 threads 1.46 against 1.13). The Zen 5
+/// of session 21 (the same caches) was not measured with it. Not small_l2 (see
+/// half_pipelined_min_bytes).
+inline bool takes_wide_reads(cache_kind k) {
+  return k == cache_kind::wide_l2 || k == cache_kind::large_l2;
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
@@ -318,14 +333,14 @@ inline void plan_reads(problem& p, std::size_t threads) {
           ? per_thread >= least
           : row >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
   p.pipelined = (may_pipeline(p) && pipelined_rows) ||
-                (kind == cache_kind::wide_l2 && may_pipeline_half_rows(p) &&
+                (takes_wide_reads(kind) && may_pipeline_half_rows(p) &&
                  per_thread >= half_pipelined_min_bytes);
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
   // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay large_l2's.
-  if (kind == cache_kind::wide_l2) take_wide_blocks(p);
+  if (takes_wide_reads(kind)) take_wide_blocks(p);
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores

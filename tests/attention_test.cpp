@@ -539,7 +539,8 @@ BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64
 BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_half_rows_pipelined_from_16_mib_a_thread) {
   // One query head a kv head, f16 or bf16 rows of at least 128 bytes, at least 16 MiB a thread
   // (half_pipelined_min_bytes): pipelined, so not side by side. Not below, not with GQA, not
-  // rows of 64 bytes, and never on a large_l2 machine (the Zen 3's promotion made it slower).
+  // rows of 64 bytes. A large_l2 machine (the Zen 4's) reads them so too; a small_l2 one never
+  // (the Zen 3's promotion made it slower).
   using ringkv::simd::cache_kind;
   using ringkv::simd::element;
   for (const element half : {element::f16, element::bf16}) {
@@ -553,7 +554,12 @@ BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_half_rows_pipelined_from_16_mib_a_t
       BOOST_TEST(!plan_of(8, 8, 32, 65536, 1, half).pipelined);  // 64-byte rows
       BOOST_TEST(!plan_of(8, 2, 128, 32768, 1, half).pipelined);  // GQA 4
     }
-    const cache_kind_override as(cache_kind::large_l2);
+    {
+      const cache_kind_override as(cache_kind::large_l2);
+      BOOST_TEST(plan_of(8, 8, 128, 32768, 1, half).pipelined);
+      BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);  // 8 MiB a thread
+    }
+    const cache_kind_override as(cache_kind::small_l2);
     BOOST_TEST(!plan_of(8, 8, 128, 32768, 1, half).pipelined);
   }
 }
