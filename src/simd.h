@@ -10,9 +10,8 @@
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
 //   for any step of 256 positions or more on a large_l3, wide_l2 or large_l2 machine; decided
 //   from one kv head's bytes, the window and the GQA group, never from the other heads or the
-//   threads): the
-//   block's scores, one max and rescale per block, exp of the block's scores (Highway vector
-//   Exp), the block's V rows summed, then folded into the state;
+//   threads): the block's scores, one max and rescale per block, exp of the block's scores
+//   (Highway vector Exp), the block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
 //   that computes segments in parallel and merges in the same order gets the same bits.
