@@ -144,7 +144,6 @@ cache_kind this_cache_kind() {
     // 0 where the system does not say: then the limits of the smallest caches.
     const std::size_t l2 = cache_bytes(2), l3 = cache_bytes(3);
     if (l3 >= large_l3_bytes) return cache_kind::large_l3;
-    if (l2 >= wide_l2_bytes) return cache_kind::wide_l2;
     return l2 > small_l2_bytes ? cache_kind::large_l2 : cache_kind::small_l2;
   }();
   const int forced = cache_kind_for_test.load(std::memory_order_relaxed);

@@ -8,7 +8,7 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3, wide_l2 or large_l2 machine; decided
+//   for any step of 256 positions or more on a large_l3 or large_l2 machine; decided
 //   from one kv head's bytes, the window and the GQA group, never from the other heads or the
 //   threads): the block's scores, one max and rescale per block, exp of the block's scores
 //   (Highway vector Exp), the block's V rows summed, then folded into the state;
@@ -42,8 +42,9 @@ inline constexpr std::size_t cached_block_positions = 32;
 // 1.03–1.10× at W 64 (a window of one or two blocks); against 16 past the bytes above, GQA 4
 // 0.87–0.95× (D 64 / W 16384 and 32768, D 128 / W 8192), pipelined rows 0.84–0.96× (D 64 /
 // W 32768, D 128 / W 16384 and 32768), W 4096 / kv 8 level, and 1.02–1.09× with the spaced
-// walk (D 128 / W 32768 / kv 2, 64 MiB with kv 8). Not on the Zen machines, whose L1 (32 KiB
-// on the Zen 3) a block of 64 D 128 rows of K and V overfills.
+// walk (D 128 / W 32768 / kv 2, 64 MiB with kv 8). A large_l2 machine takes them too (see
+// takes_wide_reads); not a small_l2 one (the Zen 3), whose 32 KiB L1 a block of 64 D 128 rows
+// of K and V overfills.
 inline constexpr std::size_t wide_block_positions = 64;
 inline constexpr std::size_t wide_block_min_positions = 256;
 inline constexpr std::size_t max_block_positions = wide_block_positions;
@@ -73,12 +74,11 @@ inline constexpr std::size_t large_l3_bytes = std::size_t(128) << 20;
 inline constexpr std::size_t large_l3_prefetch_min_bytes = std::size_t(48) << 20;
 inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 20;
 
-// A machine whose L2 holds at least wide_l2_bytes a core but whose L3 is under large_l3_bytes
-// (the Intel Xeon of sessions 26–29: 2 MiB L2 and 48 KiB L1 a core, as the large_l3 Xeon, but
-// 105 MiB of L3) plans as a large_l2 one, except that a step whose window holds at least
-// wide_block_min_positions takes wide_block_positions, as on the large_l3 Xeon. Measured there
-// (one binary behind a temporary switch, processes alternated, µs, 64 against the large_l2
-// block; bench/README, sessions 27 and 29):
+// On a large_l2 machine a step whose window holds at least wide_block_min_positions takes
+// wide_block_positions, as on the large_l3 Xeon (take_wide_blocks, takes_wide_reads). Measured
+// first on the Intel Xeon of sessions 26–29 (2 MiB L2 and 48 KiB L1 a core, 105 MiB of L3; its
+// own kind, wide_l2, until session 37) with one binary behind a temporary switch, processes
+// alternated, µs, 64 against the block it had before (bench/README, sessions 27 and 29):
 // - against 32 (rows likely cached), session 27, 8 rounds × 3, median: 0.90–0.97× in all 12
 //   cells that change (D 64 / W 256 / kv 8 and 2, D 128 / W 256 / kv 2, D 64 / W 4096 / kv 2;
 //   f32 on 1 and 2 threads, f16), the unchanged D 128 / W 4096 / kv 8 cells 0.99–1.03×;
@@ -87,13 +87,12 @@ inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 2
 //   median (23 of 24 under 1) and 0.56–1.00× at the fastest; two earlier runs of 4 and 6 rounds
 //   × 3 agreed at D 64 / W 32768 and D 128 / W 32768 / kv 8, were level at D 128 / W 32768 /
 //   kv 2, and put the cells that did not change anywhere in 0.79–1.28× (this machine's noise).
-// The rest of the plan (prefetch, pipelining, side by side) is large_l2's, but for f16 and bf16
-// rows read pipelined (half_pipelined_min_bytes): plan_reads widens the block last.
-inline constexpr std::size_t wide_l2_bytes = std::size_t(2) << 20;
+// plan_reads widens the block last, so the reads it plans from the block stay those of 16 or 32.
 
-/// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, one of
-/// at least wide_l2_bytes, or an L3 of at least large_l3_bytes.
-enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3, wide_l2 };
+/// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, or an
+/// L3 of at least large_l3_bytes. (wide_l2, an L2 of at least 2 MiB, planned as large_l2 from
+/// session 36 and was merged into it in session 37.)
+enum class cache_kind : std::uint8_t { small_l2, large_l2, large_l3 };
 /// This machine's kind (its caches read once, by cache_bytes), or the one a test set; O(1).
 cache_kind this_cache_kind();
 /// Bytes of cpu0's level-`level` data or unified cache as the sysfs directory `dir` lists it
@@ -105,8 +104,7 @@ std::size_t cache_bytes(int level);
 /// Tests only: plan every later step as on a machine of kind `k` (so every read path runs on
 /// any machine); null restores this machine's own. Not thread-safe against running steps.
 void set_cache_kind_for_test(const cache_kind* k);
-/// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes; wide_l2
-/// reads as large_l2); O(1).
+/// The threshold above for a machine of kind `k` (large_l3: large_l3_prefetch_min_bytes); O(1).
 inline std::size_t prefetch_min_bytes(cache_kind k) {
   return k == cache_kind::small_l2   ? small_l2_prefetch_min_bytes
          : k == cache_kind::large_l3 ? large_l3_prefetch_min_bytes
@@ -140,7 +138,7 @@ inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // 3,460 / 4,233; W 32768 13,041 / 13,885 against 15,019 / 18,506. Not at D 64 (W 4096 549 / 619
 // against 549 / 570, W 32768 6,999 / 7,205 against 6,858 / 7,316), nor for f16 rows, whose
 // promotion makes a row's work longer (D 128 / W 4096 785 / 833 against 648 / 673, D 64 /
-// W 4096 479 / 487 against 257 / 272; on the Zen 3: a wide_l2 machine pipelines them, see
+// W 4096 479 / 487 against 257 / 272; on the Zen 3: a large_l2 machine pipelines them, see
 // half_pipelined_min_bytes), nor in the caches (D 128 / W 256 ~49 against ~41).
 inline constexpr std::size_t pipelined_min_row_bytes = 512;
 // ... and f32 rows of at least this many bytes (D 64) once a thread reads more than
@@ -257,7 +255,7 @@ inline bool may_pipeline(const problem& p) {
   return p.q_heads == p.kv_heads && p.keys.type == element::f32;
 }
 
-// On a wide_l2 machine, a step with one query head per kv head whose rows are f16 or bf16 (at
+// On a wide-L2 Xeon, a step with one query head per kv head whose rows are f16 or bf16 (at
 // least half_pipelined_min_row_bytes) reads them pipelined too once a thread reads at least
 // half_pipelined_min_bytes (rows mostly from memory). Measured there (session 32, one binary
 // behind a temporary switch, processes alternated, pipelined ÷ in blocks, fastest (median),
@@ -267,12 +265,12 @@ inline bool may_pipeline(const problem& p) {
 // D 64 / W 8192 (16 MiB) 0.88–0.98 (1.05). Not below: 12 MiB (D 64 / W 6144, D 128 /
 // W 3072) 0.89–1.48 (1.01–1.33), 8 MiB a thread (D 128 / W 4096 on 2 threads) 0.92–0.96
 // (1.04–1.05), D 64 / W 4096 (8 MiB) 1.13–1.23 (1.30–1.41). On the Zen 3 (AVX2) the promotion
-// made a pipelined row's work too long (see pipelined_min_row_bytes): only wide_l2 and
-// large_l2 take it (takes_wide_reads).
+// made a pipelined row's work too long (see pipelined_min_row_bytes): only a large_l2 machine
+// takes it (takes_wide_reads).
 inline constexpr std::size_t half_pipelined_min_bytes = std::size_t(16) << 20;
 inline constexpr std::size_t half_pipelined_min_row_bytes = 128;
 
-/// Whether a step over `p` could read f16 or bf16 rows pipelined on a wide_l2 machine (one
+/// Whether a step over `p` could read f16 or bf16 rows pipelined on a large_l2 machine (one
 /// query head per kv head, rows of at least half_pipelined_min_row_bytes); O(1).
 inline bool may_pipeline_half_rows(const problem& p) {
   return p.q_heads == p.kv_heads && p.keys.type != element::f32 &&
@@ -280,7 +278,7 @@ inline bool may_pipeline_half_rows(const problem& p) {
 }
 
 /// p.block ← wide_block_positions if the window holds at least wide_block_min_positions: the
-/// rule large_l3, wide_l2 and large_l2 machines share; O(runs).
+/// rule large_l3 and large_l2 machines share; O(runs).
 inline void take_wide_blocks(problem& p) {
   if (position_count(p.keys) >= wide_block_min_positions) p.block = wide_block_positions;
 }
@@ -300,17 +298,15 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
 }
 
 /// Whether a machine of kind `k` takes take_wide_blocks and the pipelined f16/bf16 reads
-/// (may_pipeline_half_rows): a wide_l2 one, and since session 36 a large_l2 one. Measured on the
-/// Zen 4 (1 MiB L2, 32 MiB L3, AVX3; a temporary switch forcing the kind, 3 rounds × 3 of the
-/// decode grid, f32 and f16, 1 and 2 threads, × roof at the median): wide_l2's plan ÷ large_l2's
+/// (may_pipeline_half_rows): a large_l2 one (from session 36; before, only a 2 MiB L2's). Measured
+/// on the Zen 4 (1 MiB L2, 32 MiB L3, AVX3; a temporary switch forcing the kind, 3 rounds × 3 of
+/// the decode grid, f32 and f16, 1 and 2 threads, × roof at the median): these reads ÷ without
 /// 0.92 in geometric mean over the 48 cells, faster in 34 (W 256 and kv 2 cells 0.93–0.97,
 /// f16 D 64 / W 32768 / kv 8 on 2 threads 1.15 against 2.66), slower in 4 (f32 D 128 / W 4096 /
 /// kv 8 1.61 against 1.48, D 128 / W 32768 / kv 8 on 2 threads 1.46 against 1.13). The Zen 5
 /// of session 21 (the same caches) was not measured with it. Not small_l2 (see
 /// half_pipelined_min_bytes).
-inline bool takes_wide_reads(cache_kind k) {
-  return k == cache_kind::wide_l2 || k == cache_kind::large_l2;
-}
+inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
 /// p.block, p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
@@ -338,7 +334,8 @@ inline void plan_reads(problem& p, std::size_t threads) {
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&
                      per_thread <= dense_prefetch_max_bytes));
-  // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay large_l2's.
+  // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay those
+  // measured with blocks of 16 and 32.
   if (takes_wide_reads(kind)) take_wide_blocks(p);
 }
 

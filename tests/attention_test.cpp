@@ -498,66 +498,67 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
   BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 32u);
 }
 
-BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_as_a_large_l2_one_with_blocks_of_64_from_256_positions) {
+BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_over_the_reads_of_16_or_32) {
+  // f32 rows. A small_l2 machine takes blocks of 32 while a kv head's K and V take at most
+  // 1 MiB (4 MiB with GQA), else 16; a large_l2 one takes 64 wherever the window holds 256
+  // positions or more. Every shape here reads at most 8 MiB or more than 12 MiB a thread, where
+  // the two kinds' prefetch thresholds agree, so the walk, pipelining and side by side must be
+  // the same on both: the wide block comes after them (14 MiB with GQA 4 at D 64 takes the
+  // dense walk, which blocks of 64, 32 KiB of rows, would have turned into the spaced one).
   using ringkv::simd::cache_kind;
   struct shape {
-    std::size_t q, kv, dim, w, threads;
+    std::size_t q, kv, dim, w, threads, small_block, large_block;
   };
-  const shape shapes[] = {{8, 8, 64, 256, 1},     {8, 2, 128, 4096, 1},  {8, 8, 64, 4096, 2},
-                          {8, 2, 64, 14336, 1},   {8, 8, 128, 4096, 2},  {8, 8, 64, 32768, 1},
-                          {8, 2, 128, 32768, 2},  {8, 8, 64, 255, 1}};
+  const shape shapes[] = {
+      {8, 8, 64, 256, 1, 32, 64},       // 128 KiB a kv head
+      {8, 2, 128, 4096, 1, 32, 64},     // 4 MiB a kv head, GQA 4
+      {8, 8, 64, 4096, 2, 16, 64},      // 2 MiB a kv head, GQA 1
+      {8, 2, 64, 14336, 1, 16, 64},     // 14 MiB, the dense walk
+      {8, 8, 128, 4096, 2, 16, 64},     // 16 MiB a thread, pipelined
+      {8, 8, 64, 32768, 1, 16, 64},     // 128 MiB, pipelined short rows
+      {8, 2, 128, 32768, 2, 16, 64},    // 32 MiB a thread, the spaced walk
+      {8, 8, 64, 255, 1, 32, 32},       // under 256 positions
+      {8, 8, 2048, 255, 1, 16, 16}};    // under 256 positions, 2 MiB a kv head
   for (const shape& s : shapes) {
     const std::string where = "shape " + std::to_string(s.q) + "/" + std::to_string(s.kv) +
                               " D " + std::to_string(s.dim) + " W " + std::to_string(s.w);
-    ringkv::simd::problem large, wide;
+    ringkv::simd::problem small, large;
+    {
+      const cache_kind_override as(cache_kind::small_l2);
+      small = plan_of(s.q, s.kv, s.dim, s.w, s.threads);
+    }
     {
       const cache_kind_override as(cache_kind::large_l2);
       large = plan_of(s.q, s.kv, s.dim, s.w, s.threads);
     }
-    {
-      const cache_kind_override as(cache_kind::wide_l2);
-      wide = plan_of(s.q, s.kv, s.dim, s.w, s.threads);
-    }
-    BOOST_TEST((wide.prefetch == large.prefetch), where);
-    BOOST_TEST(wide.pipelined == large.pipelined, where);
-    BOOST_TEST(wide.side_by_side == large.side_by_side, where);
-    // 64 wherever the window holds 256 positions or more, whatever large_l2 takes there (32
-    // for a kv head's rows of at most 1 MiB, 4 MiB with GQA; 16 past that); shorter windows
-    // keep large_l2's block.
-    BOOST_TEST(wide.block == (s.w >= 256 ? 64u : large.block), where);
+    BOOST_TEST(small.block == s.small_block, where);
+    BOOST_TEST(large.block == s.large_block, where);
+    BOOST_TEST((large.prefetch == small.prefetch), where);
+    BOOST_TEST(large.pipelined == small.pipelined, where);
+    BOOST_TEST(large.side_by_side == small.side_by_side, where);
   }
-  const cache_kind_override as(cache_kind::wide_l2);
-  BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 64u);       // 128 KiB a kv head
-  BOOST_TEST(plan_of(8, 2, 128, 4096, 1).block == 64u);     // 4 MiB a kv head, GQA 4
-  BOOST_TEST(plan_of(8, 8, 64, 4096, 1).block == 64u);      // 2 MiB a kv head, GQA 1
-  BOOST_TEST(plan_of(8, 8, 128, 32768, 2).block == 64u);    // 32 MiB a kv head, pipelined
+  const cache_kind_override as(cache_kind::large_l2);
+  BOOST_TEST((plan_of(8, 2, 64, 14336, 1).prefetch == ringkv::simd::prefetch_walk::dense));
   BOOST_TEST(plan_of(8, 8, 128, 32768, 2).pipelined);
-  BOOST_TEST(plan_of(8, 8, 64, 255, 1).block == 32u);       // under 256 positions, cached
-  BOOST_TEST(plan_of(8, 8, 2048, 255, 1).block == 16u);     // under 256 positions, 2 MiB a head
 }
 
-BOOST_AUTO_TEST_CASE(a_wide_l2_machine_reads_half_rows_pipelined_from_16_mib_a_thread) {
+BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_half_rows_pipelined_from_16_mib_a_thread) {
   // One query head a kv head, f16 or bf16 rows of at least 128 bytes, at least 16 MiB a thread
   // (half_pipelined_min_bytes): pipelined, so not side by side. Not below, not with GQA, not
-  // rows of 64 bytes. A large_l2 machine (the Zen 4's) reads them so too; a small_l2 one never
-  // (the Zen 3's promotion made it slower).
+  // rows of 64 bytes. A small_l2 machine never (the Zen 3's promotion made it slower).
   using ringkv::simd::cache_kind;
   using ringkv::simd::element;
   for (const element half : {element::f16, element::bf16}) {
     {
-      const cache_kind_override as(cache_kind::wide_l2);
+      const cache_kind_override as(cache_kind::large_l2);
       const auto p = plan_of(8, 8, 128, 4096, 1, half);  // 16 MiB
       BOOST_TEST((p.pipelined && !p.side_by_side && p.block == 64u));
       BOOST_TEST(plan_of(8, 8, 64, 32768, 2, half).pipelined);   // 32 MiB a thread, 128-byte rows
+      BOOST_TEST(plan_of(8, 8, 128, 32768, 1, half).pipelined);
       BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);  // 8 MiB a thread
       BOOST_TEST(!plan_of(8, 8, 64, 6144, 1, half).pipelined);   // 12 MiB
       BOOST_TEST(!plan_of(8, 8, 32, 65536, 1, half).pipelined);  // 64-byte rows
       BOOST_TEST(!plan_of(8, 2, 128, 32768, 1, half).pipelined);  // GQA 4
-    }
-    {
-      const cache_kind_override as(cache_kind::large_l2);
-      BOOST_TEST(plan_of(8, 8, 128, 32768, 1, half).pipelined);
-      BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);  // 8 MiB a thread
     }
     const cache_kind_override as(cache_kind::small_l2);
     BOOST_TEST(!plan_of(8, 8, 128, 32768, 1, half).pipelined);
@@ -605,8 +606,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
 
 BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_never_wrapped_cache) {
   // Planned as on a large_l3 machine, a step whose window holds 256 positions or more takes
-  // blocks of 64; as on a wide_l2 one, such a step whose rows are likely cached (these are, at
-  // most 378 KiB a kv head) takes them too, with the large_l2 reads. Wherever the ring wraps
+  // blocks of 64; as on a large_l2 one, such a step whose rows are likely cached (these are, at
+  // most 378 KiB a kv head) takes them too, with that kind's reads. Wherever the ring wraps
   // (nine ends, 29 positions apart: inside blocks and on their edges), the outputs equal a
   // never-wrapped cache's bit for bit, on every target, and stay within the reference's
   // tolerance; 3 threads give the same bits (W 1100 has two segments). head_dim 44 is not whole
@@ -615,7 +616,7 @@ BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_ne
   const windowed_attention plain, pooled(ringkv::attention_options{.pool = &three});
   constexpr std::size_t dim = 44;
   using ringkv::simd::cache_kind;
-  for (const cache_kind kind : {cache_kind::large_l3, cache_kind::wide_l2})
+  for (const cache_kind kind : {cache_kind::large_l3, cache_kind::large_l2})
     for (const heads hs : {heads{8, 2}, heads{4, 4}})
       for (const std::size_t w : {256, 300, 1100}) {
         const cache_kind_override as(kind);
@@ -841,8 +842,8 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   // block's K rows between this block's V rows, the block's V sum kept in memory). A head
   // alone (1.6–2.2 MB) is read block by block. The bits must be the same, on every target,
   // with a tail (D 130 is not whole vectors), with pinned positions (a gap in the window) and
-  // across segments (W 1600 and 4200). Planned as on a wide_l2 machine the same steps are
-  // pipelined too (its large_l2 threshold is 12 MiB), in blocks of 64 instead of 16.
+  // across segments (W 1600 and 4200). Planned as on a large_l2 machine the same steps are
+  // pipelined too (its threshold is 12 MiB), in blocks of 64 instead of 16.
   using ringkv::simd::cache_kind;
   struct layout {
     std::size_t dim, keep, w;
@@ -865,11 +866,11 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
     if (pinned) ref.add(0, l.keep);
     ref.add(end - w + l.keep, end);
     std::vector<float> all(kv * l.dim);
-    for (const cache_kind kind : {cache_kind::small_l2, cache_kind::wide_l2}) {
+    for (const cache_kind kind : {cache_kind::small_l2, cache_kind::large_l2}) {
       const cache_kind_override as(kind);
       const ringkv::simd::problem plan = plan_of(kv, kv, l.dim, w, 1);
       BOOST_REQUIRE(plan.pipelined);
-      BOOST_REQUIRE(plan.block == (kind == cache_kind::wide_l2 ? 64u : 16u));
+      BOOST_REQUIRE(plan.block == (kind == cache_kind::large_l2 ? 64u : 16u));
       for_each_target([&](const char* target) {
         attention.decode_step(query, k, v, all);
         const std::string where = std::string(target) + ", kind " +

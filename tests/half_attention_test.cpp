@@ -294,13 +294,13 @@ BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_th
 
 BOOST_AUTO_TEST_CASE(half_rows_read_pipelined_give_the_bits_they_get_in_blocks_on_two_threads) {
   // One query head a kv head, 8 kv heads of f16 or bf16 rows over W 4096 of a wrapped ring:
-  // D 128 (16 MiB) and D 130 (not whole vectors). Planned as on a wide_l2 machine, one thread
+  // D 128 (16 MiB) and D 130 (not whole vectors). Planned as on a large_l2 machine, one thread
   // reads them pipelined (half_pipelined_min_bytes) and two threads (8 MiB each) in blocks,
   // four kv heads side by side. Both take blocks of 64 positions, so the bits must be the same,
   // on every target, and within the f32 class of the reference on the rounded rows.
   using ringkv::simd::cache_kind;
   constexpr std::size_t kv = 8, w = 4096, end = 5000;
-  const ringkv_test::cache_kind_override as(cache_kind::wide_l2);
+  const ringkv_test::cache_kind_override as(cache_kind::large_l2);
   ringkv::default_thread_pool two(2);
   const windowed_attention alone, pooled(ringkv::attention_options{.pool = &two});
   for (dtype type : half_types)
