@@ -123,6 +123,16 @@ inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // 8 MiB) the dense walk against none: 375 / 422 against 360 / 386 (5 rounds × 3), 426 / 480
 // against 368 / 472 (6 × 3), 425 / 620 against 366 / 607 (12 × 2; the spaced walk 421 / 781).
 inline constexpr std::size_t dense_prefetch_block_bytes = std::size_t(16) << 10;
+// On a large_l2 machine, a step with one query head per kv head (GQA 1) prefetches only once a
+// thread reads more than dense_prefetch_max_bytes (unshared_prefetch_min_bytes): up to that its
+// rows are in the L3 (32 MiB), where the spaced walk costs more issue slots than it saves.
+// Measured on the Zen 4 (session 37, one binary behind a temporary switch, processes rotated,
+// 6–8 rounds × 3, × roof at the median, no prefetch against the spaced walk, 1 thread, four
+// kv heads side by side): f32 D 64 / kv 8 at W 3200 (12.5 MiB) 1.32 against 2.02, W 3584
+// (14 MiB) 1.40 against 1.94, W 4096 (16 MiB) 1.35 against 1.96 and 1.46 against 1.99; f16
+// D 128 / W 3584 (14 MiB) 1.86 against 2.60, D 64 / W 7168 (14 MiB) 2.20 against 2.59. Level
+// past it: W 5120 (20 MiB) 1.66 against 1.64, W 6144 (24 MiB) 1.47 against 1.47. Not on the
+// Zen 3 (small_l2), where no prefetch at 16 MiB was slower (see AttendSpread).
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
 // AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
 // block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
@@ -234,6 +244,13 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
   return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
 }
 
+/// The least bytes a thread reads (exclusive) before a step with one query head per kv head
+/// prefetches on a machine of kind `k`: dense_prefetch_max_bytes on a large_l2 one (see there),
+/// else prefetch_min_bytes; O(1).
+inline std::size_t unshared_prefetch_min_bytes(cache_kind k) {
+  return k == cache_kind::large_l2 ? dense_prefetch_max_bytes : prefetch_min_bytes(k);
+}
+
 /// Whether every run of `w` has the same bytes between kv heads' rows of a position (so one
 /// head's row pointers, moved by that, give any head's: AttendSpread); O(runs).
 inline bool uniform_head_stride(const window& w) {
@@ -321,7 +338,8 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const cache_kind kind = this_cache_kind();
   if (kind == cache_kind::large_l3) return plan_reads_large_l3(p, bytes);
   const std::size_t least = prefetch_min_bytes(kind);
-  p.prefetch = prefetch_walk_for(p, per_thread, least);
+  p.prefetch =
+      prefetch_walk_for(p, per_thread, shared ? least : unshared_prefetch_min_bytes(kind));
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
   const bool pipelined_rows =
       row >= pipelined_min_row_bytes

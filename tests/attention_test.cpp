@@ -501,8 +501,9 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
 BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_over_the_reads_of_16_or_32) {
   // f32 rows. A small_l2 machine takes blocks of 32 while a kv head's K and V take at most
   // 1 MiB (4 MiB with GQA), else 16; a large_l2 one takes 64 wherever the window holds 256
-  // positions or more. Every shape here reads at most 8 MiB or more than 12 MiB a thread, where
-  // the two kinds' prefetch thresholds agree, so the walk, pipelining and side by side must be
+  // positions or more. Every shape here reads at most 8 MiB a thread, or more than 12 MiB with
+  // GQA and more than 16 MiB without, where the two kinds' prefetch thresholds agree (the next
+  // case checks the band between), so the walk, pipelining and side by side must be
   // the same on both: the wide block comes after them (14 MiB with GQA 4 at D 64 takes the
   // dense walk, which blocks of 64, 32 KiB of rows, would have turned into the spaced one).
   using ringkv::simd::cache_kind;
@@ -514,7 +515,7 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_ov
       {8, 2, 128, 4096, 1, 32, 64},     // 4 MiB a kv head, GQA 4
       {8, 8, 64, 4096, 2, 16, 64},      // 2 MiB a kv head, GQA 1
       {8, 2, 64, 14336, 1, 16, 64},     // 14 MiB, the dense walk
-      {8, 8, 128, 4096, 2, 16, 64},     // 16 MiB a thread, pipelined
+      {8, 8, 128, 8192, 2, 16, 64},     // 32 MiB a thread, pipelined
       {8, 8, 64, 32768, 1, 16, 64},     // 128 MiB, pipelined short rows
       {8, 2, 128, 32768, 2, 16, 64},    // 32 MiB a thread, the spaced walk
       {8, 8, 64, 255, 1, 32, 32},       // under 256 positions
@@ -540,6 +541,32 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_ov
   const cache_kind_override as(cache_kind::large_l2);
   BOOST_TEST((plan_of(8, 2, 64, 14336, 1).prefetch == ringkv::simd::prefetch_walk::dense));
   BOOST_TEST(plan_of(8, 8, 128, 32768, 2).pipelined);
+}
+
+BOOST_AUTO_TEST_CASE(a_large_l2_machine_prefetches_a_kv_head_a_query_head_only_past_16_mib_a_thread) {
+  // One query head a kv head, four kv heads side by side: on a large_l2 machine no software
+  // prefetch up to 16 MiB a thread (rows in its L3), the spaced walk past; f32 or f16 rows. A
+  // small_l2 machine walks from 8 MiB; with GQA both keep the dense walk from 12 MiB.
+  using ringkv::simd::cache_kind;
+  using ringkv::simd::element;
+  using ringkv::simd::prefetch_walk;
+  {
+    const cache_kind_override as(cache_kind::large_l2);
+    for (const std::size_t w : {3200, 3584, 4096}) {  // 12.5, 14 and 16 MiB
+      const auto p = plan_of(8, 8, 64, w, 1);
+      BOOST_TEST((p.prefetch == prefetch_walk::none && p.side_by_side && !p.pipelined), w);
+    }
+    BOOST_TEST((plan_of(8, 8, 64, 4200, 1).prefetch == prefetch_walk::spaced));   // 16.4 MiB
+    BOOST_TEST((plan_of(8, 8, 64, 5120, 1).prefetch == prefetch_walk::spaced));   // 20 MiB
+    BOOST_TEST((plan_of(8, 8, 64, 8192, 2).prefetch == prefetch_walk::none));     // 16 MiB each
+    const auto half = plan_of(8, 8, 128, 3584, 1, element::f16);                  // 14 MiB
+    BOOST_TEST((half.prefetch == prefetch_walk::none && half.side_by_side && !half.pipelined));
+    BOOST_TEST((plan_of(8, 2, 64, 14336, 1).prefetch == prefetch_walk::dense));   // 14 MiB, GQA
+    BOOST_TEST((plan_of(8, 2, 128, 8192, 1).prefetch == prefetch_walk::spaced));  // 16 MiB, GQA
+  }
+  const cache_kind_override as(cache_kind::small_l2);
+  BOOST_TEST((plan_of(8, 8, 64, 4096, 1).prefetch == prefetch_walk::spaced));
+  BOOST_TEST((plan_of(8, 8, 64, 3200, 1).prefetch == prefetch_walk::spaced));
 }
 
 BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_half_rows_pipelined_from_16_mib_a_thread) {
