@@ -8,9 +8,10 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3 or large_l2 machine; decided
-//   from one kv head's bytes, the window and the GQA group, never from the other heads or the
-//   threads): the block's scores, one max and rescale per block, exp of the block's scores
+//   for any step of 256 positions or more on a large_l3 or large_l2 machine but a large_l2
+//   one's GQA steps past wide_shared_head_max_bytes a kv head; decided from one kv head's
+//   bytes, the window and the GQA group, never from the other heads or the threads): the
+//   block's scores, one max and rescale per block, exp of the block's scores
 //   (Highway vector Exp), the block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
@@ -88,6 +89,17 @@ inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 2
 //   × 3 agreed at D 64 / W 32768 and D 128 / W 32768 / kv 8, were level at D 128 / W 32768 /
 //   kv 2, and put the cells that did not change anywhere in 0.79–1.28× (this machine's noise).
 // plan_reads widens the block last, so the reads it plans from the block stay those of 16 or 32.
+// ... except that a step whose query heads share each kv row (GQA) and whose kv head's K and V
+// take more than wide_shared_head_max_bytes (rows from memory) keeps cached_block_positions
+// where a block of wide_block_positions rows would take more than wide_shared_block_max_bytes
+// (the L1 of the Zen 4 and the Zen 3; rows of more than 256 bytes). Measured on the Zen 4
+// (session 37, one binary behind a temporary switch, processes rotated, 6 rounds × 3, × roof
+// at the median, 32 against 64): f32 D 128 / W 32768 / kv 2 (32 MiB a kv head) 1.81 against
+// 2.16 and 1.61 against 2.07 on 1 thread, 1.31 against 1.59 and 1.35 against 1.78 on 2; level
+// at 16 MiB a kv head (W 16384: 2.08 against 2.20, 1.96 against 2.01); slower with rows of
+// 256 bytes (D 64 / W 32768 / kv 2, f16 D 128 / W 32768 / kv 2: 1.02–1.10×).
+inline constexpr std::size_t wide_shared_head_max_bytes = std::size_t(16) << 20;
+inline constexpr std::size_t wide_shared_block_max_bytes = std::size_t(32) << 10;
 
 /// Which of the limits here plan_reads applies: the L2 up to small_l2_bytes, a larger L2, or an
 /// L3 of at least large_l3_bytes. (wide_l2, an L2 of at least 2 MiB, planned as large_l2 from
@@ -354,7 +366,11 @@ inline void plan_reads(problem& p, std::size_t threads) {
                      per_thread <= dense_prefetch_max_bytes));
   // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay those
   // measured with blocks of 16 and 32.
-  if (takes_wide_reads(kind)) take_wide_blocks(p);
+  if (!takes_wide_reads(kind)) return;
+  take_wide_blocks(p);
+  if (shared && head_bytes > wide_shared_head_max_bytes && p.block == wide_block_positions &&
+      block_bytes(p) > wide_shared_block_max_bytes)
+    p.block = cached_block_positions;
 }
 
 /// A partial online-softmax state, natural log: for each query head, `max` of the scaled scores

@@ -501,11 +501,12 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
 BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_over_the_reads_of_16_or_32) {
   // f32 rows. A small_l2 machine takes blocks of 32 while a kv head's K and V take at most
   // 1 MiB (4 MiB with GQA), else 16; a large_l2 one takes 64 wherever the window holds 256
-  // positions or more. Every shape here reads at most 8 MiB a thread, or more than 12 MiB with
-  // GQA and more than 16 MiB without, where the two kinds' prefetch thresholds agree (the next
-  // case checks the band between), so the walk, pipelining and side by side must be
-  // the same on both: the wide block comes after them (14 MiB with GQA 4 at D 64 takes the
-  // dense walk, which blocks of 64, 32 KiB of rows, would have turned into the spaced one).
+  // positions or more, but 32 with GQA, a kv head past 16 MiB and rows past 256 bytes. Every
+  // shape here reads at most 8 MiB a thread, or more than 12 MiB with GQA and more than 16 MiB
+  // without, where the two kinds' prefetch thresholds agree (the next case checks the band
+  // between), so the walk, pipelining and side by side must be the same on both: the wide
+  // block comes after them (14 MiB with GQA 4 at D 64 takes the dense walk, which blocks of
+  // 64, 32 KiB of rows, would have turned into the spaced one).
   using ringkv::simd::cache_kind;
   struct shape {
     std::size_t q, kv, dim, w, threads, small_block, large_block;
@@ -517,7 +518,12 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_ov
       {8, 2, 64, 14336, 1, 16, 64},     // 14 MiB, the dense walk
       {8, 8, 128, 8192, 2, 16, 64},     // 32 MiB a thread, pipelined
       {8, 8, 64, 32768, 1, 16, 64},     // 128 MiB, pipelined short rows
-      {8, 2, 128, 32768, 2, 16, 64},    // 32 MiB a thread, the spaced walk
+      {8, 2, 128, 32768, 2, 16, 32},    // 32 MiB a thread and a kv head, the spaced walk
+      {8, 2, 128, 32768, 1, 16, 32},    // 64 MiB a thread, 32 MiB a kv head
+      {8, 2, 128, 16384, 1, 16, 64},    // 16 MiB a kv head
+      {8, 2, 64, 32768, 1, 16, 64},     // 16 MiB a kv head of 256-byte rows
+      {8, 1, 64, 65536, 1, 16, 64},     // 64 MiB a kv head of 256-byte rows
+      {8, 2, 2048, 1100, 1, 16, 32},    // 17.2 MiB a kv head, 8 KiB rows
       {8, 8, 64, 255, 1, 32, 32},       // under 256 positions
       {8, 8, 2048, 255, 1, 16, 16}};    // under 256 positions, 2 MiB a kv head
   for (const shape& s : shapes) {
