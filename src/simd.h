@@ -8,11 +8,11 @@
 // - the online softmax advances one block of window positions at a time, blocks aligned to
 //   absolute multiples of the step's block (problem::block: block_positions, or
 //   cached_block_positions for a step whose rows are likely in the caches, wide_block_positions
-//   for any step of 256 positions or more on a large_l3 or large_l2 machine but a large_l2
-//   one's GQA steps past wide_shared_head_max_bytes a kv head; decided from one kv head's
-//   bytes, the window and the GQA group, never from the other heads or the threads): the
-//   block's scores, one max and rescale per block, exp of the block's scores
-//   (Highway vector Exp), the block's V rows summed, then folded into the state;
+//   for any step of 256 positions or more on a large_l3 or large_l2 machine, but on a large_l2
+//   one not GQA steps of wide rows past wide_shared_head_max_bytes a kv head (see there);
+//   decided from one kv head's bytes, the window and the GQA group, never from the other heads
+//   or the threads): the block's scores, one max and rescale per block, exp of the block's
+//   scores (Highway vector Exp), the block's V rows summed, then folded into the state;
 // - decode computes a fresh partial state per segment (absolute multiples of segment_positions
 //   that hold window positions) and merges them left to right with merge(), so a thread pool
 //   that computes segments in parallel and merges in the same order gets the same bits.
@@ -135,16 +135,6 @@ inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // 8 MiB) the dense walk against none: 375 / 422 against 360 / 386 (5 rounds × 3), 426 / 480
 // against 368 / 472 (6 × 3), 425 / 620 against 366 / 607 (12 × 2; the spaced walk 421 / 781).
 inline constexpr std::size_t dense_prefetch_block_bytes = std::size_t(16) << 10;
-// On a large_l2 machine, a step with one query head per kv head (GQA 1) prefetches only once a
-// thread reads more than dense_prefetch_max_bytes (unshared_prefetch_min_bytes): up to that its
-// rows are in the L3 (32 MiB), where the spaced walk costs more issue slots than it saves.
-// Measured on the Zen 4 (session 37, one binary behind a temporary switch, processes rotated,
-// 6–8 rounds × 3, × roof at the median, no prefetch against the spaced walk, 1 thread, four
-// kv heads side by side): f32 D 64 / kv 8 at W 3200 (12.5 MiB) 1.32 against 2.02, W 3584
-// (14 MiB) 1.40 against 1.94, W 4096 (16 MiB) 1.35 against 1.96 and 1.46 against 1.99; f16
-// D 128 / W 3584 (14 MiB) 1.86 against 2.60, D 64 / W 7168 (14 MiB) 2.20 against 2.59. Level
-// past it: W 5120 (20 MiB) 1.66 against 1.64, W 6144 (24 MiB) 1.47 against 1.47. Not on the
-// Zen 3 (small_l2), where no prefetch at 16 MiB was slower (see AttendSpread).
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
 // AttendSpread in softmax-inl.h): always when it does not prefetch; when it does, only if their
 // block of K and V rows fits the L1 (side_by_side_l1_bytes: rows of at most 256 bytes) and each
@@ -256,8 +246,18 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
   return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
 }
 
+// On a large_l2 machine, a step with one query head per kv head (GQA 1) prefetches only once a
+// thread reads more than dense_prefetch_max_bytes: up to that its rows are in the L3 (32 MiB),
+// where the spaced walk costs more issue slots than it saves.
+// Measured on the Zen 4 (session 37, one binary behind a temporary switch, processes rotated,
+// 6–8 rounds × 3, × roof at the median, no prefetch against the spaced walk, 1 thread, four
+// kv heads side by side): f32 D 64 / kv 8 at W 3200 (12.5 MiB) 1.32 against 2.02, W 3584
+// (14 MiB) 1.40 against 1.94, W 4096 (16 MiB) 1.35 against 1.96 and 1.46 against 1.99; f16
+// D 128 / W 3584 (14 MiB) 1.86 against 2.60, D 64 / W 7168 (14 MiB) 2.20 against 2.59. Level
+// past it: W 5120 (20 MiB) 1.66 against 1.64, W 6144 (24 MiB) 1.47 against 1.47. Not on the
+// Zen 3 (small_l2), where no prefetch at 16 MiB was slower (see AttendSpread).
 /// The least bytes a thread reads (exclusive) before a step with one query head per kv head
-/// prefetches on a machine of kind `k`: dense_prefetch_max_bytes on a large_l2 one (see there),
+/// prefetches on a machine of kind `k`: dense_prefetch_max_bytes on a large_l2 one (above),
 /// else prefetch_min_bytes; O(1).
 inline std::size_t unshared_prefetch_min_bytes(cache_kind k) {
   return k == cache_kind::large_l2 ? dense_prefetch_max_bytes : prefetch_min_bytes(k);
