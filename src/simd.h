@@ -204,7 +204,8 @@ struct problem {
   window values;                 // [kv_heads, positions, head_dim], the same positions as keys
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;            // resolved (finite, > 0)
-  // How decode prefetches rows itself (see prefetch_walk_for): decided once for the whole step
+  // How decode prefetches rows itself (see prefetch_walk_for, and pipelined_prefetch for a step
+  // read pipelined, whose reads take spaced or none): decided once for the whole step
   // (from its bytes, and those of each of its threads), and kept when a split hands a thread
   // part of it.
   prefetch_walk prefetch = prefetch_walk::none;
@@ -337,6 +338,30 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
 /// half_pipelined_min_bytes).
 inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 
+// A step read pipelined (PipelineBlocks) prefetches a row of the next block's V and of the K
+// of the block after it between two rows; its p.prefetch says spaced, whatever
+// prefetch_walk_for said (the pipelined read has that one walk) ... except on a large_l2
+// machine with f32 rows of at least pipelined_min_row_bytes and more than
+// pipelined_unprefetched_min_bytes a thread (past its L3: rows from memory, read as two steady
+// streams the hardware prefetchers follow), where the software prefetch only takes issue slots
+// and miss buffers: no prefetch. Measured on the Zen 4 (session 38, one binary behind a
+// temporary switch, processes rotated, 5–6 rounds × 3, × roof at the median, without ÷ with):
+// f32 D 128 / kv 8 on 1 thread W 8192 (64 MiB) 1.45 against 1.66, W 16384 1.14 against 1.39,
+// W 32768 1.20 against 1.49 and 1.20 against 1.46 (two runs); on 2 threads (32, 64, 128 MiB
+// each) level, 0.97–1.01× the time. Not at 32 MiB (W 4096 on 1 thread: 1.60 against 1.54), not
+// for f16 rows (D 128 / kv 8 1.13–1.33× the time without), not for f32 rows of 256 bytes
+// (D 64 / W 16384 / kv 8, 64 MiB: 1.21× the time without on 1 thread).
+inline constexpr std::size_t pipelined_unprefetched_min_bytes = std::size_t(32) << 20;
+
+/// The prefetch of a step over `p` read pipelined (p.pipelined set), its threads reading
+/// `per_thread` bytes each, on a machine of kind `k`: spaced, or none (above); O(1).
+inline prefetch_walk pipelined_prefetch(const problem& p, std::size_t per_thread, cache_kind k) {
+  const bool from_memory = k == cache_kind::large_l2 && p.keys.type == element::f32 &&
+                           row_bytes(p) >= pipelined_min_row_bytes &&
+                           per_thread > pipelined_unprefetched_min_bytes;
+  return from_memory ? prefetch_walk::none : prefetch_walk::spaced;
+}
+
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
 /// p.block, p.prefetch (prefetch_walk_for), p.side_by_side and p.pipelined; O(runs).
 inline void plan_reads(problem& p, std::size_t threads) {
@@ -360,6 +385,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.pipelined = (may_pipeline(p) && pipelined_rows) ||
                 (takes_wide_reads(kind) && may_pipeline_half_rows(p) &&
                  per_thread >= half_pipelined_min_bytes);
+  if (p.pipelined) p.prefetch = pipelined_prefetch(p, per_thread, kind);
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&

@@ -574,7 +574,8 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
 /// but not the fastest (W 16384 10,419 / 10,888 against 10,177 / 11,717, W 32768 21,259 /
 /// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853), kept there too
 /// since a decode loop sees the median. The hint t0 measured as t1 (W 4096, 1 thread, 2,098 /
-/// 2,573 against 2,184 / 2,537), nta slower (2,405 / 2,651).
+/// 2,573 against 2,184 / 2,537), nta slower (2,405 / 2,651). None where p.prefetch is none
+/// (pipelined_prefetch: f32 rows from memory on a large_l2 machine).
 template <class Loader>
 HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
                                std::size_t to, const state& s) {
@@ -585,6 +586,7 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
   HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
   block_rows rows[2];
   const std::byte* far[max_block_positions];  // K rows of the block after the next, to prefetch
+  const bool prefetch = p.prefetch != prefetch_walk::none;  // see pipelined_prefetch
   std::size_t pos = NextPosition(p.keys, from);
   if (pos >= hi) return;
   std::size_t end = BlockEnd(pos, hi, c.block), now = 0;
@@ -608,14 +610,14 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
       end = BlockEnd(next, hi, c.block);
       collect(later, next, end);
       const std::size_t after = NextPosition(p.keys, end);
-      if (after < hi)
+      if (prefetch && after < hi)
         far_n = CollectRows(p.keys, c.kv_head, after, BlockEnd(after, hi, c.block), far);
     }
     AccumulateRowByRow<Loader>(d, dim, scores[now], rows[now], std::max(rows[now].n, ahead.n),
                                c.rescale[0], s.acc, sum, [&](std::size_t j) {
                                  if (j < far_n) PrefetchRow(far[j], row_bytes);
                                  if (j >= ahead.n) return;
-                                 PrefetchRow(ahead.v[j], row_bytes);
+                                 if (prefetch) PrefetchRow(ahead.v[j], row_bytes);
                                  scores[later][j] = Score1x1<Loader>(d, c.q, ahead.k[j], dim, 0);
                                });
     if (ahead.n == 0) return;
