@@ -350,16 +350,24 @@ inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 // W 32768 1.20 against 1.49 and 1.20 against 1.46 (two runs); on 2 threads (32, 64, 128 MiB
 // each) level, 0.97–1.01× the time. Not at 32 MiB (W 4096 on 1 thread: 1.60 against 1.54), not
 // for f16 rows (D 128 / kv 8 1.13–1.33× the time without), not for f32 rows of 256 bytes
-// (D 64 / W 16384 / kv 8, 64 MiB: 1.21× the time without on 1 thread).
+// (D 64 / kv 8 on 1 thread: W 8192, 32 MiB, 1.32× and W 16384, 64 MiB, 1.14× and 1.21× the
+// time without; W 32768 0.89–0.98×). Nor, on that machine, f16 and bf16 rows of less than
+// pipelined_min_short_row_bytes (D 64: the only ones pipelined are 128 bytes, from 16 MiB a
+// thread): f16 D 64 / kv 8 without ÷ with, 1 thread W 8192 (16 MiB) 0.91, W 16384 0.91 and
+// 0.91, W 32768 0.84, 0.94 and 1.04; 2 threads W 16384 0.82 and 0.82, W 32768 0.92, 0.93 and
+// 0.54 (bf16 rows take the same reads and a cheaper promotion; not measured).
 inline constexpr std::size_t pipelined_unprefetched_min_bytes = std::size_t(32) << 20;
 
 /// The prefetch of a step over `p` read pipelined (p.pipelined set), its threads reading
 /// `per_thread` bytes each, on a machine of kind `k`: spaced, or none (above); O(1).
 inline prefetch_walk pipelined_prefetch(const problem& p, std::size_t per_thread, cache_kind k) {
-  const bool from_memory = k == cache_kind::large_l2 && p.keys.type == element::f32 &&
-                           row_bytes(p) >= pipelined_min_row_bytes &&
+  const std::size_t row = row_bytes(p);
+  const bool f32 = p.keys.type == element::f32;
+  const bool from_memory = f32 && row >= pipelined_min_row_bytes &&
                            per_thread > pipelined_unprefetched_min_bytes;
-  return from_memory ? prefetch_walk::none : prefetch_walk::spaced;
+  const bool short_half_rows = !f32 && row < pipelined_min_short_row_bytes;
+  return k == cache_kind::large_l2 && (from_memory || short_half_rows) ? prefetch_walk::none
+                                                                       : prefetch_walk::spaced;
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:

@@ -600,7 +600,8 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_half_rows_pipelined_from_16_mib_a_
 
 BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_long_f32_rows_pipelined_from_memory_without_software_prefetch) {
   // Pipelined steps prefetch with the spaced walk, but on a large_l2 machine f32 rows of at
-  // least 512 bytes past 32 MiB a thread (pipelined_unprefetched_min_bytes) do not prefetch.
+  // least 512 bytes past 32 MiB a thread (pipelined_unprefetched_min_bytes) and f16 or bf16
+  // rows of less than 256 bytes do not prefetch.
   using ringkv::simd::cache_kind;
   using ringkv::simd::element;
   using ringkv::simd::prefetch_walk;
@@ -618,6 +619,11 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_long_f32_rows_pipelined_from_memor
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 4096, 2), prefetch_walk::spaced));
     BOOST_TEST(pipelined(plan_of(8, 8, 64, 32768, 1), prefetch_walk::spaced));  // 256-byte rows
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 32768, 1, element::f16), prefetch_walk::spaced));
+    // f16 and bf16 rows of 128 bytes, pipelined from 16 MiB a thread: never.
+    for (const element half : {element::f16, element::bf16}) {
+      BOOST_TEST(pipelined(plan_of(8, 8, 64, 8192, 1, half), prefetch_walk::none));
+      BOOST_TEST(pipelined(plan_of(8, 8, 64, 32768, 2, half), prefetch_walk::none));
+    }
   }
   const cache_kind_override as(cache_kind::small_l2);
   BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 1), prefetch_walk::spaced));

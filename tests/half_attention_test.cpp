@@ -293,18 +293,23 @@ BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_th
 }
 
 BOOST_AUTO_TEST_CASE(half_rows_read_pipelined_give_the_bits_they_get_in_blocks_on_two_threads) {
-  // One query head a kv head, 8 kv heads of f16 or bf16 rows over W 4096 of a wrapped ring:
-  // D 128 (16 MiB) and D 130 (not whole vectors). Planned as on a large_l2 machine, one thread
-  // reads them pipelined (half_pipelined_min_bytes) and two threads (8 MiB each) in blocks,
-  // four kv heads side by side. Both take blocks of 64 positions, so the bits must be the same,
-  // on every target, and within the f32 class of the reference on the rounded rows.
+  // One query head a kv head, 8 kv heads of f16 or bf16 rows over a wrapped ring: D 128 over
+  // W 4096 (16 MiB), D 130 (not whole vectors), D 64 over W 8192 (16 MiB of 128-byte rows,
+  // pipelined without software prefetch: pipelined_prefetch). Planned as on a large_l2 machine,
+  // one thread reads them pipelined (half_pipelined_min_bytes) and two threads (8 MiB each) in
+  // blocks, four kv heads side by side. Both take blocks of 64 positions, so the bits must be
+  // the same, on every target, and within the f32 class of the reference on the rounded rows.
   using ringkv::simd::cache_kind;
-  constexpr std::size_t kv = 8, w = 4096, end = 5000;
+  struct layout {
+    std::size_t dim, w;
+  };
+  constexpr std::size_t kv = 8;
   const ringkv_test::cache_kind_override as(cache_kind::large_l2);
   ringkv::default_thread_pool two(2);
   const windowed_attention alone, pooled(ringkv::attention_options{.pool = &two});
   for (dtype type : half_types)
-    for (std::size_t dim : {128, 130}) {
+    for (const auto [dim, w] : {layout{128, 4096}, layout{130, 4096}, layout{64, 8192}}) {
+      const std::size_t end = w + 904;
       const auto element =
           type == dtype::f16 ? ringkv::simd::element::f16 : ringkv::simd::element::bf16;
       BOOST_REQUIRE(ringkv_test::plan_of(kv, kv, dim, w, 1, element).pipelined);
