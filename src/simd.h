@@ -341,33 +341,30 @@ inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 // A step read pipelined (PipelineBlocks) prefetches a row of the next block's V and of the K
 // of the block after it between two rows; its p.prefetch says spaced, whatever
 // prefetch_walk_for said (the pipelined read has that one walk) ... except on a large_l2
-// machine with f32 rows of at least pipelined_min_row_bytes and more than
-// pipelined_unprefetched_min_bytes a thread (past its L3: rows from memory, read as two steady
-// streams the hardware prefetchers follow), where the software prefetch only takes issue slots
-// and miss buffers: no prefetch. Measured on the Zen 4 (session 38, one binary behind a
-// temporary switch, processes rotated, 5–6 rounds × 3, × roof at the median, without ÷ with):
-// f32 D 128 / kv 8 on 1 thread W 8192 (64 MiB) 1.45 against 1.66, W 16384 1.14 against 1.39,
-// W 32768 1.20 against 1.49 and 1.20 against 1.46 (two runs); on 2 threads (32, 64, 128 MiB
-// each) level, 0.97–1.01× the time. Not at 32 MiB (W 4096 on 1 thread: 1.60 against 1.54), not
-// for f16 rows (D 128 / kv 8 1.13–1.33× the time without), not for f32 rows of 256 bytes
-// (D 64 / kv 8 on 1 thread: W 8192, 32 MiB, 1.32× and W 16384, 64 MiB, 1.14× and 1.21× the
-// time without; W 32768 0.89–0.98×). Nor, on that machine, f16 and bf16 rows of less than
-// pipelined_min_short_row_bytes (D 64: the only ones pipelined are 128 bytes, from 16 MiB a
-// thread): f16 D 64 / kv 8 without ÷ with, 1 thread W 8192 (16 MiB) 0.91, W 16384 0.91 and
-// 0.91, W 32768 0.84, 0.94 and 1.04; 2 threads W 16384 0.82 and 0.82, W 32768 0.92, 0.93 and
-// 0.54 (bf16 rows take the same reads and a cheaper promotion; not measured).
-inline constexpr std::size_t pipelined_unprefetched_min_bytes = std::size_t(32) << 20;
+// machine with f16 or bf16 rows of less than pipelined_min_short_row_bytes (D 64: the only ones
+// pipelined are 128 bytes, from 16 MiB a thread), where the software prefetch only takes issue
+// slots and miss buffers: no prefetch. Measured on the Zen 4 (one binary behind a temporary
+// switch, processes rotated, 4–6 rounds × 3, × roof at the median, without ÷ with): f16 D 64 /
+// kv 8, session 38, 1 thread W 8192 (16 MiB) 0.91, W 16384 0.91 and 0.91, W 32768 0.84, 0.94
+// and 1.04; 2 threads W 16384 0.82 and 0.82, W 32768 0.92, 0.93 and 0.54; session 39, W 32768
+// 1.02 (1 thread) and 1.04 (2 threads). bf16 rows take the same reads and a cheaper promotion;
+// not measured.
+// Measured, not kept: no prefetch for f32 rows of 512 bytes or more past 32 MiB a thread (rows
+// from memory, two steady streams the hardware prefetchers follow). f32 D 128 / kv 8, without ÷
+// with: session 38, 1 thread W 8192 (64 MiB) 0.87, W 16384 0.82, W 32768 0.81 and 0.82; 2
+// threads 0.97–1.01. Session 39 (the same machine type, another day), 1 thread W 8192 1.32,
+// W 16384 1.24, W 32768 1.16 and 1.16; 2 threads W 16384 1.21, W 32768 1.40 and 1.44. Nor for
+// f16 rows of 256 bytes (D 128 / kv 8 1.13–1.33× the time without, session 38) or f32 rows of
+// 256 bytes (D 64 / kv 8 on 1 thread, session 38: W 8192 1.32×, W 16384 1.14× and 1.21×,
+// W 32768 0.89–0.98×; session 39, W 32768 1.03 and 1.07 on 2 threads).
 
-/// The prefetch of a step over `p` read pipelined (p.pipelined set), its threads reading
-/// `per_thread` bytes each, on a machine of kind `k`: spaced, or none (above); O(1).
-inline prefetch_walk pipelined_prefetch(const problem& p, std::size_t per_thread, cache_kind k) {
-  const std::size_t row = row_bytes(p);
-  const bool f32 = p.keys.type == element::f32;
-  const bool from_memory = f32 && row >= pipelined_min_row_bytes &&
-                           per_thread > pipelined_unprefetched_min_bytes;
-  const bool short_half_rows = !f32 && row < pipelined_min_short_row_bytes;
-  return k == cache_kind::large_l2 && (from_memory || short_half_rows) ? prefetch_walk::none
-                                                                       : prefetch_walk::spaced;
+/// The prefetch of a step over `p` read pipelined (p.pipelined set) on a machine of kind `k`:
+/// spaced, or none (above); O(1).
+inline prefetch_walk pipelined_prefetch(const problem& p, cache_kind k) {
+  const bool short_half_rows =
+      p.keys.type != element::f32 && row_bytes(p) < pipelined_min_short_row_bytes;
+  return k == cache_kind::large_l2 && short_half_rows ? prefetch_walk::none
+                                                      : prefetch_walk::spaced;
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
@@ -393,7 +390,7 @@ inline void plan_reads(problem& p, std::size_t threads) {
   p.pipelined = (may_pipeline(p) && pipelined_rows) ||
                 (takes_wide_reads(kind) && may_pipeline_half_rows(p) &&
                  per_thread >= half_pipelined_min_bytes);
-  if (p.pipelined) p.prefetch = pipelined_prefetch(p, per_thread, kind);
+  if (p.pipelined) p.prefetch = pipelined_prefetch(p, kind);
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
                     (fits_l1 && per_thread >= least &&

@@ -575,7 +575,7 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
 /// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853), kept there too
 /// since a decode loop sees the median. The hint t0 measured as t1 (W 4096, 1 thread, 2,098 /
 /// 2,573 against 2,184 / 2,537), nta slower (2,405 / 2,651). None where p.prefetch is none
-/// (pipelined_prefetch: f32 rows from memory on a large_l2 machine).
+/// (pipelined_prefetch: short f16 or bf16 rows on a large_l2 machine).
 template <class Loader>
 HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
                                std::size_t to, const state& s) {

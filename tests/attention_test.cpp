@@ -598,10 +598,9 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_half_rows_pipelined_from_16_mib_a_
   }
 }
 
-BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_long_f32_rows_pipelined_from_memory_without_software_prefetch) {
-  // Pipelined steps prefetch with the spaced walk, but on a large_l2 machine f32 rows of at
-  // least 512 bytes past 32 MiB a thread (pipelined_unprefetched_min_bytes) and f16 or bf16
-  // rows of less than 256 bytes do not prefetch.
+BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_short_half_rows_pipelined_without_software_prefetch) {
+  // Pipelined steps prefetch with the spaced walk, f32 rows from memory included, but on a
+  // large_l2 machine f16 or bf16 rows of less than 256 bytes do not prefetch.
   using ringkv::simd::cache_kind;
   using ringkv::simd::element;
   using ringkv::simd::prefetch_walk;
@@ -610,9 +609,9 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_long_f32_rows_pipelined_from_memor
   };
   {
     const cache_kind_override as(cache_kind::large_l2);
-    BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 1), prefetch_walk::none));    // 64 MiB
-    BOOST_TEST(pipelined(plan_of(8, 8, 128, 32768, 2), prefetch_walk::none));   // 128 MiB each
-    BOOST_TEST(pipelined(plan_of(8, 8, 130, 8192, 1), prefetch_walk::none));    // 520-byte rows
+    BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 1), prefetch_walk::spaced));   // 64 MiB
+    BOOST_TEST(pipelined(plan_of(8, 8, 128, 32768, 2), prefetch_walk::spaced));  // 128 MiB each
+    BOOST_TEST(pipelined(plan_of(8, 8, 130, 8192, 1), prefetch_walk::spaced));   // 520-byte rows
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 4096, 1), prefetch_walk::spaced));  // 32 MiB
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 2), prefetch_walk::spaced));  // 32 MiB each
     // 16 MiB each: prefetch_walk_for says none below 16 MiB, the pipelined read keeps its walk.
@@ -941,44 +940,6 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
         const std::string where = std::string(target) + ", kind " +
                                   std::to_string(int(kind)) + ", D " + std::to_string(l.dim) +
                                   ", keep " + std::to_string(l.keep);
-        BOOST_TEST(ref.relative_error(all) <= 2e-6, where);  // see relative_error
-        expect_each_head_as_alone(attention, query, k, v, all, where);
-      });
-    }
-  }
-}
-
-BOOST_AUTO_TEST_CASE(a_step_read_pipelined_without_software_prefetch_gives_each_head_its_prefetched_bits) {
-  // Planned as on a large_l2 machine, two kv heads of W 20000 (39 MiB, one query head each):
-  // pipelined without software prefetch (pipelined_unprefetched_min_bytes); a head alone
-  // (19.5 MiB) pipelined with it, in the same blocks of 64. Prefetching changes no bits; on
-  // every target, with a tail (D 130), across segments. Planned as on a small_l2 machine the
-  // step prefetches, in blocks of 16.
-  using ringkv::simd::cache_kind;
-  using ringkv::simd::prefetch_walk;
-  constexpr std::size_t kv = 2, w = 20000, end = w + 1500;
-  const windowed_attention attention;
-  for (const std::size_t dim : {128, 130}) {
-    ring_fixture ring(kv, dim, w + 7);
-    ring.append_until(end);
-    const windowed_kv k = ring.keys(end - w, end), v = ring.values(end - w, end);
-    BOOST_REQUIRE(k.wrapped());
-    const auto query = make_query(kv, dim, 17);
-    reference_attention ref(query, kv, dim, 1 / std::sqrt(double(dim)), {});
-    ref.add(end - w, end);
-    std::vector<float> all(kv * dim);
-    for (const cache_kind kind : {cache_kind::small_l2, cache_kind::large_l2}) {
-      const cache_kind_override as(kind);
-      const bool large = kind == cache_kind::large_l2;
-      const ringkv::simd::problem step = plan_of(kv, kv, dim, w, 1);
-      const ringkv::simd::problem alone = plan_of(1, 1, dim, w, 1);
-      BOOST_REQUIRE((step.pipelined && alone.pipelined && step.block == alone.block));
-      BOOST_REQUIRE((step.prefetch == (large ? prefetch_walk::none : prefetch_walk::spaced)));
-      BOOST_REQUIRE((alone.prefetch == prefetch_walk::spaced));
-      for_each_target([&](const char* target) {
-        attention.decode_step(query, k, v, all);
-        const std::string where = std::string(target) + ", kind " +
-                                  std::to_string(int(kind)) + ", D " + std::to_string(dim);
         BOOST_TEST(ref.relative_error(all) <= 2e-6, where);  // see relative_error
         expect_each_head_as_alone(attention, query, k, v, all, where);
       });
