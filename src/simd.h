@@ -356,7 +356,7 @@ inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 // W 16384 1.24, W 32768 1.16 and 1.16; 2 threads W 16384 1.21, W 32768 1.40 and 1.44. Nor for
 // f16 rows of 256 bytes (D 128 / kv 8 1.13–1.33× the time without, session 38) or f32 rows of
 // 256 bytes (D 64 / kv 8 on 1 thread, session 38: W 8192 1.32×, W 16384 1.14× and 1.21×,
-// W 32768 0.89–0.98×; session 39, W 32768 1.03 and 1.07 on 2 threads).
+// W 32768 0.89–0.98×).
 
 /// The prefetch of a step over `p` read pipelined (p.pipelined set) on a machine of kind `k`:
 /// spaced, or none (above); O(1).
