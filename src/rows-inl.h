@@ -192,10 +192,11 @@ HWY_INLINE std::size_t TakeWideGroups(std::size_t& heads) {
 #endif
 }
 
-/// Asks for the cache line at `address` with prefetcht1, the hint every prefetch here uses (t0,
-/// t2 and nta measured no better across shapes: README "Tuning measured", sessions 5, 7, 16, 17).
+/// Asks for the cache line at `address` with prefetcht0, the hint every prefetch here uses: the
+/// Zen 3 measured t0/t1/t2/nta alike; on the Zen 4 t1 is dropped at times, and t0 took 0.80-1.02x
+/// t1's time (15 of 16 f32 cells below 1). Re-measure: scripts/bench-targets.
 HWY_INLINE void PrefetchLine(std::uintptr_t address) {
-  __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 2);
+  __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 3);
 }
 
 /// Cache lines to prefetch a few at a time, between the tiles of a block: a burst of a block's
