@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "spin.h"
+#include "parallel/spin.h"
 #include "stream_read.h"
 
 import ringkv;

@@ -24,7 +24,7 @@
 #include <new>
 #include <utility>
 
-#include "simd.h"
+#include "kernels/simd.h"
 #include "stream_read.h"
 
 #ifndef RINGKV_TILE_BENCH_WORK_
@@ -54,7 +54,7 @@ constexpr std::size_t work_floats(std::size_t dim, std::size_t heads) {
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
-#include "softmax-inl.h"
+#include "kernels/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv_bench::HWY_NAMESPACE {

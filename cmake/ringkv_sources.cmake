@@ -1,4 +1,5 @@
-# One named module per file (modules/), implementation units and Highway kernels (src/).
+# One named module per file (modules/), implementation units and Highway kernels
+# (src/<module>/, one folder a module).
 set(RINGKV_MODULES
   modules/ringkv.cppm
   modules/trace.cppm
@@ -14,37 +15,37 @@ set(RINGKV_MODULES
   modules/snapshot.cppm
 )
 set(RINGKV_SOURCES
-  src/trace.cpp
-  src/tensor.cpp
-  src/window.cpp
-  src/store.cpp
-  src/store_slotted.cpp
-  src/store_default.cpp
-  src/simd.cpp
-  src/cache_sizes.cpp
-  src/parallel.cpp
-  src/decode_split.cpp
-  src/kernels.cpp
-  src/attention.cpp
-  src/attention_prefill.cpp
-  src/attention_compressed.cpp
-  src/quant_simd.cpp
-  src/decode.cpp
-  src/quant_codebook.cpp
-  src/quant_rotation.cpp
-  src/quant_window.cpp
-  src/quant_store.cpp
-  src/quant_turbo.cpp
-  src/quant_int8.cpp
-  src/snapshot.cpp
-  src/snapshot_slots.cpp
-  src/snapshot_file.cpp
+  src/trace/trace.cpp
+  src/tensor/tensor.cpp
+  src/window/window.cpp
+  src/store/store.cpp
+  src/store/store_slotted.cpp
+  src/store/store_default.cpp
+  src/kernels/simd.cpp
+  src/kernels/cache_sizes.cpp
+  src/parallel/parallel.cpp
+  src/kernels/decode_split.cpp
+  src/kernels/kernels.cpp
+  src/attention/attention.cpp
+  src/attention/attention_prefill.cpp
+  src/attention/attention_compressed.cpp
+  src/quant/quant_simd.cpp
+  src/decode/decode.cpp
+  src/quant/quant_codebook.cpp
+  src/quant/quant_rotation.cpp
+  src/quant/quant_window.cpp
+  src/quant/quant_store.cpp
+  src/quant/quant_turbo.cpp
+  src/quant/quant_int8.cpp
+  src/snapshot/snapshot.cpp
+  src/snapshot/snapshot_slots.cpp
+  src/snapshot/snapshot_file.cpp
 )
 # The quantizers' inner loops (rotations, codebook search, QJL projections) are optimised in
 # every configuration: at -O0 the tests' 10^4-vector distortion checks would dominate the suite.
 set(RINGKV_OPTIMISED_SOURCES
-  src/quant_codebook.cpp
-  src/quant_rotation.cpp
-  src/quant_window.cpp
-  src/quant_turbo.cpp
+  src/quant/quant_codebook.cpp
+  src/quant/quant_rotation.cpp
+  src/quant/quant_window.cpp
+  src/quant/quant_turbo.cpp
 )

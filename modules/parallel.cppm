@@ -83,7 +83,7 @@ class default_thread_pool final : public thread_pool {
   void parallel_for(std::size_t n, task_ref fn) override;
 
  private:
-  class shared;  // the workers' rendezvous (src/parallel.cpp)
+  class shared;  // the workers' rendezvous (src/parallel/parallel.cpp)
   std::unique_ptr<shared> shared_;
 };
 

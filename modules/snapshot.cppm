@@ -5,7 +5,7 @@
 // returning a half-built store. Its own module because it names every store kind, the
 // compressed ones included, which ringkv.store cannot import; ringkv.store declares save, load
 // and replace_file (DESIGN's table has them there) and defines them over this module's
-// save_snapshot and load_snapshot (src/snapshot_file.cpp, a ringkv.store unit that imports it).
+// save_snapshot and load_snapshot (src/snapshot/snapshot_file.cpp, a ringkv.store unit that imports it).
 module;
 #include <cstddef>
 #include <cstdint>

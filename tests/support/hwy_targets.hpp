@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <hwy/targets.h>
 
-#include "simd.h"
+#include "kernels/simd.h"
 
 namespace ringkv_test {
 

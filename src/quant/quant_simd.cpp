@@ -9,10 +9,10 @@
 #include "quant_simd.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "quant_simd.cpp"
+#define HWY_TARGET_INCLUDE "quant/quant_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#include "decode-inl.h"
+#include "kernels/decode-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();

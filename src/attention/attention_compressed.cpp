@@ -10,8 +10,8 @@ module;
 #include <string_view>
 #include <utility>
 
-#include "quant_codec.h"
-#include "quant_simd.h"
+#include "quant/quant_codec.h"
+#include "quant/quant_simd.h"
 module ringkv.attention;
 
 namespace ringkv {

@@ -13,7 +13,7 @@
 #include <cstddef>
 
 #include "quant_codec.h"
-#include "simd.h"
+#include "kernels/simd.h"
 
 namespace ringkv::simd {
 

@@ -15,7 +15,7 @@ module;
 #include <sys/mman.h>
 #endif
 
-#include "simd.h"
+#include "kernels/simd.h"
 module ringkv.tensor;
 
 namespace ringkv {

@@ -11,7 +11,7 @@ module;
 #include <string>
 #include <string_view>
 
-#include "half.hpp"
+#include "tensor/half.hpp"
 module ringkv.attention;
 
 namespace ringkv {

@@ -8,7 +8,7 @@
 #include "simd.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "simd.cpp"
+#define HWY_TARGET_INCLUDE "kernels/simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"

@@ -12,7 +12,7 @@ module;
 #include <string>
 #include <utility>
 #include <vector>
-#include "half.hpp"
+#include "tensor/half.hpp"
 module ringkv.store;
 
 namespace ringkv {
