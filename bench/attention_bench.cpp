@@ -330,7 +330,7 @@ void ggml(benchmark::State& state, shape s) {
   const std::size_t group = shape::q_heads / s.kv_heads, share = shape::q_heads / s.threads;
   const float scale = 1.0f / std::sqrt(float(s.dim));
   // Each thread's [dim] accumulator 16 KiB from the other's: 256 bytes apart, the 2-thread
-  // D 64 steps took 2.3x as long (668 against 288 us), which would flatter ringkv.
+  // D 64 steps took 2.3x as long, which would flatter ringkv.
   constexpr std::size_t apart = 4096;
   std::vector<float> acc(s.threads * apart);  // [threads, apart]
   const auto heads = [&](std::size_t t) {
@@ -353,7 +353,7 @@ void ggml(benchmark::State& state, shape s) {
 }
 
 /// The windows to measure: RINGKV_BENCH_WINDOWS (positions, comma-separated, e.g.
-/// "256,1024,2048,4096") or the issues' grid; refuses a list it cannot read.
+/// "256,1024,2048,4096") or the default grid (256, 4096, 32768); refuses a list it cannot read.
 std::vector<std::size_t> windows() {
   const char* list = std::getenv("RINGKV_BENCH_WINDOWS");
   if (list == nullptr || *list == '\0') return {256, 4096, 32768};

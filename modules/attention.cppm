@@ -74,19 +74,16 @@ class windowed_attention {
 
   /// A chunk of C tokens of one layer: queries [C, q_heads * head_dim], keys and values
   /// [C, kv_heads * head_dim], out like queries. Token i sits at position p = length(layer) + i
-  /// and sees the window p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S
-  /// newest), never a position below 0 or above p: the part still in the store as its zero-copy
-  /// runs, then chunk rows — nothing is reordered or copied for f32 (an f16/bf16 store's chunk
-  /// rows are rounded once into the arena, as append would store them: two adapter_inserted
-  /// {"round-chunk-rows"}, "keys" and "values", priced in bytes). Every output is computed
-  /// before the chunk is appended, so a ring of capacity W takes a chunk of any length. The result
-  /// is bit for bit that of C calls of append + decode_step, however a prompt is cut into chunks.
-  /// A store other than default_kv_cache_store gets exactly that token-by-token loop (the decode
-  /// stream's, detail::append_and_attend: a compressed store from its codes). Checks
-  /// everything first (std::invalid_argument / std::out_of_range naming the argument, cache_full
-  /// for a dense store without room) with `out` and the store untouched.
-  /// With a pool the chunk's queries are split across it (same bits).
-  /// O(C · W · q_heads · head_dim); no allocation on an f32 store (or with an arena that fits).
+  /// and sees p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S newest),
+  /// never below 0 or above p: the store's zero-copy runs, then the chunk's rows (an f16/bf16
+  /// store's rounded once into the arena as append stores them: adapter_inserted
+  /// {"round-chunk-rows"} for "keys" and "values", in bytes). Every output is computed before the
+  /// chunk is appended, so a ring of capacity W takes a chunk of any length; the bits are those
+  /// of C calls of append + decode_step however a prompt is cut, and a store other than
+  /// default_kv_cache_store gets that very loop (detail::append_and_attend; a compressed one from
+  /// its codes). Checks all first (std::invalid_argument / std::out_of_range naming the argument,
+  /// cache_full for a dense store without room), `out` and the store untouched. A pool splits the
+  /// queries (same bits). O(C · W · q_heads · head_dim); no allocation for f32 or a fitting arena.
   void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
                std::span<const float> keys, std::span<const float> values, std::span<float> out,
                const prefill_options& options = {}) const;

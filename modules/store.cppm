@@ -21,7 +21,7 @@ export import ringkv.window;
 export namespace ringkv {
 
 namespace detail {
-/// Restricted: defined only by ringkv's snapshot code (src/snapshot_*.cpp), one specialization
+/// Restricted: defined only by ringkv's snapshot code (src/snapshot/), one specialization
 /// per store kind, so `load` can restore a store's slots and counters as they were saved. Stores
 /// befriend it; importers see no definition and have no use for it.
 template <class Store>
@@ -306,7 +306,7 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
 
 export namespace ringkv {
 
-// Snapshots (the format and its loader: ringkv.snapshot, src/snapshot*.cpp).
+// Snapshots (the format and its loader: ringkv.snapshot, src/snapshot/).
 
 /// A snapshot that cannot be loaded: what is wrong and the byte offset of the field (or of the
 /// end of the data, for a truncated file) where it was found. Nothing was built.

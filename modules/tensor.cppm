@@ -113,8 +113,8 @@ class tensor_view {
   }
 
   // `inline` on purpose: in a named module a member defined in its class is not implicitly
-  // inline, and clang did not inline these into importers (each a call: ~5 % of a D 64 /
-  // W 16 decode step's 1.6 µs, with windowed_kv's; see bench/README, session 31).
+  // inline, and clang called these across the module boundary: with windowed_kv's, ~5 % of a
+  // D 64 / W 16 step on the 2 MiB-L2 Xeon (attention_bench, RINGKV_BENCH_WINDOWS=16, pair).
   inline std::byte* data() const noexcept { return data_; }
   inline dtype type() const noexcept { return type_; }
   inline std::size_t heads() const noexcept { return heads_; }

@@ -629,7 +629,7 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_short_half_rows_pipelined_without_
   BOOST_TEST(pipelined(plan_of(8, 8, 128, 2048, 2), prefetch_walk::spaced));  // 8 MiB each
 }
 
-// ---- determinism (M2-A4) ----------------------------------------------------------------------
+// ---- determinism ------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
   // A capacity-37 ring after several laps against a cache that holds every position in one run:
@@ -790,9 +790,10 @@ BOOST_AUTO_TEST_CASE(runs_whose_kv_heads_lie_at_other_distances_give_the_bits_of
 }
 
 BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_identical_bits) {
-  // M2-A4 with ringkv.store: default_kv_cache_store as a capacity-37 ring (without and with 3
-  // pinned sinks) after several laps, against a dense store holding every position; windows from
-  // key_window/value_window (zero-copy runs), every wrap point, several W, every target.
+  // The determinism check with ringkv.store: default_kv_cache_store as a capacity-37 ring (without
+  // and with 3 pinned sinks) after several laps, against a dense store holding every position;
+  // windows from key_window/value_window (zero-copy runs), every wrap point, several W, every
+  // target.
   const windowed_attention attention;
   constexpr std::size_t kv = 2, q = 8, dim = 44;
   const auto query = make_query(q, dim, 21);

@@ -512,7 +512,7 @@ BOOST_AUTO_TEST_CASE(a_half_store_refuses_a_finite_input_it_would_round_to_infin
   }
 }
 
-// ---- determinism (M2-A4) and the gather path ---------------------------------------------------
+// ---- determinism and the gather path ----------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(a_wrapped_half_ring_and_a_never_wrapped_half_store_give_identical_bits) {
   // A capacity-37 ring (without and with 3 pinned sinks) after several laps against a dense store

@@ -1,6 +1,6 @@
-// DESIGN's module table, for ringkv.store: this file imports that module alone, so it compiles
-// only while ringkv.store itself exports what the table lists there — the config, the store
-// interface, the default store (dense or ring), its memory report, and snapshot save/load.
+// The module table of docs/design.md, for ringkv.store: this file imports that module alone, so
+// it compiles only while ringkv.store itself exports what the table lists there — the config, the
+// store interface, the default store (dense or ring), its memory report, and snapshot save/load.
 #define BOOST_TEST_MODULE store_module
 #include <boost/test/unit_test.hpp>
 

@@ -9,7 +9,7 @@
 //   52  u64 keep, slack
 //   68  the kind's section: its parameters (TurboQuant: u32 key_bits, u32 value_bits, u8 qjl,
 //       u64 seed; the default and int8 stores have none), per layer u64 length and u64
-//       window_start, then per layer each plane's held rows (src/snapshot_slots.cpp)
+//       window_start, then per layer each plane's held rows (snapshot_slots.cpp)
 //  end  u64 XXH3-64 (seed 0) of every byte before it
 module;
 #include <algorithm>

@@ -1,6 +1,6 @@
-// Plans decode's reads as on another kind of machine for a scope (src/kernels/simd.h's test hook), so a
-// test of a read path (the dense or spaced prefetch walk, pipelined rows) takes that path
-// whatever caches the machine running it has.
+// Plans decode's reads as on another kind of machine for a scope (src/kernels/simd.h's test
+// hook), so a test of a read path (the dense or spaced prefetch walk, pipelined rows) takes that
+// path whatever caches the machine running it has.
 #pragma once
 #include <cstddef>
 
