@@ -103,8 +103,8 @@ class windowed_attention {
 
   trace::sink* sink_;  // never null: null_sink() when the options gave none
   thread_pool* pool_;
-  mutable storage scratch_;                   // partial states of a split decode
-  mutable std::atomic_flag scratch_busy_;     // set while a step uses scratch_
+  mutable storage scratch_;                // partial states of a split decode
+  mutable std::atomic_flag scratch_busy_;  // set while a step uses scratch_
 };
 
 /// Decode attention straight from compressed windows (ringkv.quant): no dequantized copy. The
@@ -186,9 +186,9 @@ struct token_step {
 /// store whose windows copy, or t.gather, copies into `arena`, held at the full window's size by
 /// hold_window_copies; null only with `codes`). Every check is the caller's, made before: a
 /// refusal here would come after the append. O(window · q_heads · head_dim), plus the copies.
-void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes,
-                       std::size_t layer, std::size_t window, const token_step& t,
-                       const windowed_attention& attention, trace::sink& sink, scope* arena);
+void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
+                       std::size_t window, const token_step& t, const windowed_attention& attention,
+                       trace::sink& sink, scope* arena);
 
 }  // namespace ringkv::detail
 
@@ -204,9 +204,9 @@ void traced(trace::sink& sink, std::string_view kernel, std::size_t bytes_read,
   }
   const auto start = std::chrono::steady_clock::now();
   work();
-  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+  const auto nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   sink.emit(trace::kernel_run{kernel, bytes_read, bytes_written, nanos});
 }
 

@@ -339,14 +339,13 @@ void save(const kv_cache_store& store, const std::filesystem::path& path);
 /// O(file). Throws snapshot_error (with offset()) for wrong magic, a newer version, a truncated
 /// stream, a checksum mismatch, config or options out of range, lengths inconsistent with the
 /// capacity, or a store that would take more than `max_store_bytes` of buffers.
-std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
+std::unique_ptr<kv_cache_store> load(
+    std::istream& in, trace::sink& sink = trace::null_sink(),
+    std::size_t max_store_bytes = std::numeric_limits<std::size_t>::max());
 /// As load(std::istream&), from a file (std::system_error when it cannot be opened).
-std::unique_ptr<kv_cache_store> load(const std::filesystem::path& path,
-                                     trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
+std::unique_ptr<kv_cache_store> load(
+    const std::filesystem::path& path, trace::sink& sink = trace::null_sink(),
+    std::size_t max_store_bytes = std::numeric_limits<std::size_t>::max());
 
 /// Replaces `path` atomically: `write` fills a new temporary file in the same folder, which is
 /// then flushed, fsync'ed and renamed over `path` (and the folder fsync'ed). If `write` throws or

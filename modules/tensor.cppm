@@ -140,8 +140,9 @@ class tensor_view {
   std::span<T> row(std::size_t h, std::size_t p) const {
 #ifndef NDEBUG
     if (sizeof(T) != size_of(type_))
-      throw std::invalid_argument("ringkv::tensor_view::row: element type size does not match dtype " +
-                                  std::string(name_of(type_)));
+      throw std::invalid_argument(
+          "ringkv::tensor_view::row: element type size does not match dtype " +
+          std::string(name_of(type_)));
 #endif
     return {reinterpret_cast<T*>(row_bytes(h, p)), head_dim_};
   }
@@ -188,7 +189,8 @@ class scope {
   std::size_t capacity() const noexcept;
 
  private:
-  static constexpr std::size_t max_slabs = 16;  // geometric growth: slab k is >= 2^k times the first
+  static constexpr std::size_t max_slabs =
+      16;  // geometric growth: slab k is >= 2^k times the first
   std::array<storage, max_slabs> slabs_;
   std::size_t current_ = 0;  // slab being bumped
   std::size_t offset_ = 0;   // bump offset inside slabs_[current_]

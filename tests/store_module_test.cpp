@@ -43,9 +43,8 @@ BOOST_AUTO_TEST_CASE(ringkv_store_alone_saves_and_loads_a_wrapped_ring) {
              boost::test_tools::per_element());
   BOOST_TEST(back->memory().physical_bytes == store.memory().physical_bytes);
   std::istringstream junk(std::string("not a snapshot"));
-  BOOST_CHECK_EXCEPTION(ringkv::load(junk), ringkv::snapshot_error,
-                        [](const ringkv::snapshot_error& e) {
-                          return std::string(e.what()).find("wrong magic") != std::string::npos &&
-                                 e.offset() == 0;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::load(junk), ringkv::snapshot_error, [](const ringkv::snapshot_error& e) {
+        return std::string(e.what()).find("wrong magic") != std::string::npos && e.offset() == 0;
+      });
 }

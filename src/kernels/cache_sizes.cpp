@@ -54,7 +54,7 @@ std::size_t sysfs_cache_bytes(const std::string& dir, int level) {
 std::size_t cache_bytes(int level) {
   if (const std::size_t b = sysfs_cache_bytes("/sys/devices/system/cpu/cpu0/cache", level))
     return b;
-  const int name = level == 1 ? _SC_LEVEL1_DCACHE_SIZE
+  const int name = level == 1   ? _SC_LEVEL1_DCACHE_SIZE
                    : level == 2 ? _SC_LEVEL2_CACHE_SIZE
                    : level == 3 ? _SC_LEVEL3_CACHE_SIZE
                                 : -1;

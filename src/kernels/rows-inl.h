@@ -119,8 +119,7 @@ struct half_row_loader {
     return promote(d, hn::LoadU(DU16(), reinterpret_cast<const std::uint16_t*>(row) + i));
   }
   /// The row's last n (< Lanes) elements from element i, zeros above; reads only those n.
-  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i,
-                                       std::size_t n) {
+  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
     HWY_ALIGN std::uint16_t lanes[hn::MaxLanes(DU16())] = {};
     std::memcpy(lanes, row + i * sizeof(std::uint16_t), n * sizeof(std::uint16_t));
     return promote(d, hn::Load(DU16(), lanes));
@@ -151,8 +150,8 @@ struct tail_at {
 
 /// a_k += x · y_k and b_k += z · y_k for k = 0 … 3: two rows of a tile sharing four loaded
 /// vectors (K for two query heads' scores, V for two heads' weighted sums).
-HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF& a1, VF& a2,
-                             VF& a3, VF& b0, VF& b1, VF& b2, VF& b3) {
+HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF& a1, VF& a2, VF& a3,
+                             VF& b0, VF& b1, VF& b2, VF& b3) {
   a0 = hn::MulAdd(x, y0, a0);
   b0 = hn::MulAdd(z, y0, b0);
   a1 = hn::MulAdd(x, y1, a1);

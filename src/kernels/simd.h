@@ -147,7 +147,7 @@ struct problem {
   window keys;                   // [kv_heads, positions, head_dim]
   window values;                 // [kv_heads, positions, head_dim], the same positions as keys
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
-  float scale = 1.0f;            // resolved (finite, > 0)
+  float scale = 1.0f;  // resolved (finite, > 0)
   // How decode prefetches rows itself (see prefetch_walk_for, and pipelined_prefetch for a step
   // read pipelined, whose reads take spaced or none): decided once for the whole step
   // (from its bytes, and those of each of its threads), and kept when a split hands a thread
@@ -178,16 +178,14 @@ inline std::size_t step_bytes(const problem& p) {
 }
 
 /// Bytes of one block of one kv head's K and V rows of `p` (p.block positions); O(1).
-inline std::size_t block_bytes(const problem& p) {
-  return p.block * 2 * row_bytes(p);
-}
+inline std::size_t block_bytes(const problem& p) { return p.block * 2 * row_bytes(p); }
 
 /// How a step over `p` (p.block set) whose threads read `per_thread` bytes of K and V rows each
 /// should prefetch, given prefetch_min_bytes as `least`; O(1).
 inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
                                        std::size_t least) {
-  if (p.q_heads >= 2 * p.kv_heads && per_thread >= least &&
-      per_thread < dense_prefetch_max_bytes && block_bytes(p) <= dense_prefetch_block_bytes)
+  if (p.q_heads >= 2 * p.kv_heads && per_thread >= least && per_thread < dense_prefetch_max_bytes &&
+      block_bytes(p) <= dense_prefetch_block_bytes)
     return prefetch_walk::dense;
   return per_thread > least ? prefetch_walk::spaced : prefetch_walk::none;
 }
@@ -275,8 +273,7 @@ inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 inline prefetch_walk pipelined_prefetch(const problem& p, cache_kind k) {
   const bool short_half_rows =
       p.keys.type != element::f32 && row_bytes(p) < pipelined_min_short_row_bytes;
-  return k == cache_kind::large_l2 && short_half_rows ? prefetch_walk::none
-                                                      : prefetch_walk::spaced;
+  return k == cache_kind::large_l2 && short_half_rows ? prefetch_walk::none : prefetch_walk::spaced;
 }
 
 /// Sets how a step over the whole of `p`, split over `threads` threads, reads its rows:
@@ -292,21 +289,19 @@ inline void plan_reads(problem& p, std::size_t threads) {
   const cache_kind kind = this_cache_kind();
   if (kind == cache_kind::large_l3) return plan_reads_large_l3(p, bytes);
   const std::size_t least = prefetch_min_bytes(kind);
-  p.prefetch =
-      prefetch_walk_for(p, per_thread, shared ? least : unshared_prefetch_min_bytes(kind));
+  p.prefetch = prefetch_walk_for(p, per_thread, shared ? least : unshared_prefetch_min_bytes(kind));
   const bool fits_l1 = side_by_side_heads * block_bytes(p) <= side_by_side_l1_bytes;
   const bool pipelined_rows =
       row >= pipelined_min_row_bytes
           ? per_thread >= least
           : row >= pipelined_min_short_row_bytes && per_thread > dense_prefetch_max_bytes;
-  p.pipelined = (may_pipeline(p) && pipelined_rows) ||
-                (takes_wide_reads(kind) && may_pipeline_half_rows(p) &&
-                 per_thread >= half_pipelined_min_bytes);
+  p.pipelined =
+      (may_pipeline(p) && pipelined_rows) || (takes_wide_reads(kind) && may_pipeline_half_rows(p) &&
+                                              per_thread >= half_pipelined_min_bytes);
   if (p.pipelined) p.prefetch = pipelined_prefetch(p, kind);
   p.side_by_side = may_go_side_by_side(p) &&
                    (p.prefetch == prefetch_walk::none ||
-                    (fits_l1 && per_thread >= least &&
-                     per_thread <= dense_prefetch_max_bytes));
+                    (fits_l1 && per_thread >= least && per_thread <= dense_prefetch_max_bytes));
   // Last, so the reads above (block_bytes feeds prefetch_walk_for and fits_l1) stay those
   // measured with blocks of 16 and 32.
   if (!takes_wide_reads(kind)) return;

@@ -57,8 +57,7 @@ HWY_INLINE void PadScores(const chunk& c, std::size_t n) {
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                            line_feed& feed) {
-  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores, c.block,
-                     feed);
+  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores, c.block, feed);
   feed.drain();
   PadScores(c, b.n);
 }
@@ -99,9 +98,9 @@ HWY_INLINE void RescaleHeads(DH dh, const chunk& c, const state& s, std::size_t 
 /// Heads [h, h + Lanes(dh)): sum ← sum · rescale + the block's sum (in `block`).
 template <class DH>
 HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, const float* block) {
-  hn::StoreU(hn::MulAdd(hn::LoadU(dh, s.sum + h), hn::LoadU(dh, c.rescale + h),
-                        hn::LoadU(dh, block)),
-             dh, s.sum + h);
+  hn::StoreU(
+      hn::MulAdd(hn::LoadU(dh, s.sum + h), hn::LoadU(dh, c.rescale + h), hn::LoadU(dh, block)), dh,
+      s.sum + h);
 }
 
 /// Per head: the new max, exp(score − max) in place (vector Exp over the block), the rescale of
@@ -112,9 +111,9 @@ HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, c
 /// RescaleHeads turns them into rescales. Out of line (one copy per target instead of one per row
 /// type): inlined, its Exp copies make simd.cpp compile 1.7x as long under the sanitizers.
 inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
-  static_assert(block_positions % hn::MaxLanes(DF()) == 0 &&
-                    cached_block_positions % block_positions == 0,
-                "a block is whole vectors");
+  static_assert(
+      block_positions % hn::MaxLanes(DF()) == 0 && cached_block_positions % block_positions == 0,
+      "a block is whole vectors");
   const DF d;
   const hn::CappedTag<float, 4> d4;  // four heads (one at a time where vectors are 1 lane)
   const hn::CappedTag<float, 1> d1;
@@ -386,8 +385,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
     float* acc_a = s.acc + h * head_dim;
     for (std::size_t g = 0; g < 2; ++g)
       for (std::size_t i = 0; i < wide; i += 8 * N) {
-        Accumulate1x8<Loader>(d, pa + g * c.block, b.first, i, (h + g) * b.v_skip,
-                              c.rescale[h + g], acc_a + g * head_dim);
+        Accumulate1x8<Loader>(d, pa + g * c.block, b.first, i, (h + g) * b.v_skip, c.rescale[h + g],
+                              acc_a + g * head_dim);
         feed.step();
       }
     std::size_t i = wide;
@@ -416,8 +415,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// are those of one kv head, which the chunk's heads share.
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
-                             std::size_t from, std::size_t to, const state& s,
-                             Collect&& collect, Adjust&& adjust) {
+                             std::size_t from, std::size_t to, const state& s, Collect&& collect,
+                             Adjust&& adjust) {
   const DF d;
   block_rows b{};
   line_feed while_scoring, while_summing;
@@ -463,8 +462,7 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
   };
   // One phase: for each block [pos, end) in order, its buffers in use, b's rows of `w` (into
   // `rows`) collected and the next block's fed; then step(). Returns how many blocks.
-  const auto each_block = [&](const window& w, const std::byte** rows, bool scoring,
-                              auto&& step) {
+  const auto each_block = [&](const window& w, const std::byte** rows, bool scoring, auto&& step) {
     std::size_t k = 0;
     for (std::size_t pos = NextPosition(positions, from); pos < hi; ++k) {
       const std::size_t end = BlockEnd(pos, hi, c.block), next = NextPosition(positions, end);
@@ -476,16 +474,14 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
     }
     return k;
   };
-  const std::size_t blocks = each_block(p.keys, b.first.k, true, [&] {
-    ScoreBlock<Loader>(d, p.head_dim, block, b, feed);
-  });
+  const std::size_t blocks = each_block(p.keys, b.first.k, true,
+                                        [&] { ScoreBlock<Loader>(d, p.head_dim, block, b, feed); });
   for (std::size_t k = 0; k < blocks; ++k) {
     use(k);
     ExpBlock(block, s);
   }
-  each_block(p.values, b.first.v, false, [&] {
-    AccumulateBlock<Loader>(d, p.head_dim, block, b, s, feed);
-  });
+  each_block(p.values, b.first.v, false,
+             [&] { AccumulateBlock<Loader>(d, p.head_dim, block, b, s, feed); });
 }
 
 /// AttendBlocks over the problem's own K/V rows. Unless p.prefetch is none (see
@@ -511,8 +507,8 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       },
       [&](std::size_t next, const block_rows&, line_feed& feed) {
         if (!prefetch || next >= hi) return;
-        const std::size_t n = CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi, c.block),
-                                          ahead);
+        const std::size_t n =
+            CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi, c.block), ahead);
         feed.start(walk, ahead, n, row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
 }
@@ -522,9 +518,9 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
 /// same operations per element as AccumulateRest's tiles, so the same bits — while `also(j)`
 /// runs between rows (PipelineBlocks scores the next block's rows there).
 template <class Loader, class Also>
-HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
-                                   const block_rows& b, std::size_t rows, float r, float* acc,
-                                   float* HWY_RESTRICT sum, Also&& also) {
+HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p, const block_rows& b,
+                                   std::size_t rows, float r, float* acc, float* HWY_RESTRICT sum,
+                                   Also&& also) {
   const std::size_t N = hn::Lanes(d), whole = head_dim / N * N;
   for (std::size_t i = 0; i < head_dim; i += N) hn::Store(hn::Zero(d), d, sum + i);
   for (std::size_t j = 0; j < rows; ++j) {
@@ -540,8 +536,7 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
   }
   const VF vr = hn::Set(d, r);
   for (std::size_t i = 0; i < whole; i += N) Fold(d, acc + i, vr, hn::Load(d, sum + i));
-  if (whole < head_dim)
-    FoldPartial(d, acc + whole, vr, hn::Load(d, sum + whole), head_dim - whole);
+  if (whole < head_dim) FoldPartial(d, acc + whole, vr, hn::Load(d, sum + whole), head_dim - whole);
 }
 
 /// As AttendRange for a chunk of one query head whose rows come from the L3 or memory
@@ -555,13 +550,13 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
 /// the K of the block after it: each stream a block ahead of its reads. Zen 3, D 128 / kv 8:
 /// 0.71-0.93x the time without. Re-measure: scripts/bench-targets --shapes 128/4096/8
 template <class Loader>
-HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
-                               std::size_t to, const state& s) {
+HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from, std::size_t to,
+                               const state& s) {
   const DF d;
   const std::size_t hi = std::min(to, WindowEnd(p.keys)), dim = p.head_dim;
   const std::size_t row_bytes = dim * sizeof(typename Loader::type);
   HWY_ALIGN float scores[2][max_block_positions];  // this block's weights, the next's scores
-  HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
+  HWY_ALIGN float sum[max_head_dim];               // [padded_dim] the block's V rows summed
   block_rows rows[2];
   const std::byte* far[max_block_positions];  // K rows of the block after the next, to prefetch
   const bool prefetch = p.prefetch != prefetch_walk::none;  // see pipelined_prefetch
@@ -629,17 +624,16 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
   rows.v_skip = v_head / sizeof(T);
   // The next block's rows of `w` (the first head's; the walk takes every head's), trickled over
   // this block's score tiles or V tiles.
-  AttendPhased<Loader>(p, c, from, to, s, rows,
-                       [&](const window& w, std::size_t pos, std::size_t end, bool scoring,
-                           line_feed& feed) {
-                         if (!prefetch) return;
-                         const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
-                         const std::size_t tiles =
-                             scoring ? c.count * ScoreTiles(1, n)
-                                   : SpreadAccumulateTiles(DF(), c.count, p.head_dim);
-                         feed.start(prefetch_walk::spaced, ahead, n, row_bytes, tiles,
-                                    c.count, scoring ? k_head : v_head);
-                       });
+  AttendPhased<Loader>(
+      p, c, from, to, s, rows,
+      [&](const window& w, std::size_t pos, std::size_t end, bool scoring, line_feed& feed) {
+        if (!prefetch) return;
+        const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
+        const std::size_t tiles =
+            scoring ? c.count * ScoreTiles(1, n) : SpreadAccumulateTiles(DF(), c.count, p.head_dim);
+        feed.start(prefetch_walk::spaced, ahead, n, row_bytes, tiles, c.count,
+                   scoring ? k_head : v_head);
+      });
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
@@ -676,7 +670,8 @@ HWY_INLINE void MergeRows(std::size_t count, std::size_t head_dim, const state& 
       hn::StoreU(hn::MulAdd(hn::LoadU(d, a + i), va, hn::Mul(hn::LoadU(d, b + i), vb)), d, a + i);
     if (i < head_dim) {
       const std::size_t n = head_dim - i;
-      StorePartial(d, hn::MulAdd(LoadPartial(d, a + i, n), va, hn::Mul(LoadPartial(d, b + i, n), vb)),
+      StorePartial(d,
+                   hn::MulAdd(LoadPartial(d, a + i, n), va, hn::Mul(LoadPartial(d, b + i, n), vb)),
                    a + i, n);
     }
   }

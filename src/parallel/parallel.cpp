@@ -34,7 +34,8 @@ thread_local const void* running_pool = nullptr;
 /// Sets running_pool for the life of a call and restores the previous one.
 class running_guard {
  public:
-  explicit running_guard(const void* pool) noexcept : previous_(std::exchange(running_pool, pool)) {}
+  explicit running_guard(const void* pool) noexcept
+      : previous_(std::exchange(running_pool, pool)) {}
   ~running_guard() { running_pool = previous_; }
   running_guard(const running_guard&) = delete;
   running_guard& operator=(const running_guard&) = delete;
@@ -98,7 +99,9 @@ class default_thread_pool::shared {
     c.failed.store(false, std::memory_order_relaxed);
     generation_.store(g);  // publishes the slot
     if (sleepers_.load() != 0) {
-      { const std::lock_guard lock(mutex_); }  // a sleeper is inside wait() or saw g
+      {
+        const std::lock_guard lock(mutex_);
+      }  // a sleeper is inside wait() or saw g
       wake_.notify_all();
     }
     {
@@ -126,7 +129,7 @@ class default_thread_pool::shared {
     const task_ref* job = nullptr;  // the caller's, alive for its call
     std::size_t n = 0;
     alignas(64) std::atomic<std::size_t> next{0};  // claimed by every thread: a line of its own
-    std::atomic<std::uint64_t> claimed{0};          // n ≤ max_shared_tasks: bit i, index i taken
+    std::atomic<std::uint64_t> claimed{0};         // n ≤ max_shared_tasks: bit i, index i taken
     std::atomic<bool> failed{false};
   };
 
@@ -199,7 +202,9 @@ class default_thread_pool::shared {
       seen = generation_.load();
       take_tasks(calls_[seen % 2], participant);
       if (busy_.fetch_sub(1) == 1 && caller_waiting_.load()) {
-        { const std::lock_guard lock(mutex_); }  // the caller is inside wait() or saw busy_ 0
+        {
+          const std::lock_guard lock(mutex_);
+        }  // the caller is inside wait() or saw busy_ 0
         left_.notify_all();
       }
     }

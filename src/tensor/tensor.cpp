@@ -87,10 +87,10 @@ void require_storable(std::string_view who, std::string_view what, std::span<con
   const float limit = overflow_limit(type);
   for (std::size_t i = 0; i < values.size(); ++i)
     if (std::fabs(values[i]) >= limit)
-      refuse(std::string(who) + ": " + std::string(what) + "[" + std::to_string(i) + "] = " +
-             std::to_string(values[i]) + " is too large for " + std::string(name_of(type)) +
-             " (largest finite " + (type == dtype::f16 ? "65504" : "3.39e38") +
-             "; it would round to inf)");
+      refuse(std::string(who) + ": " + std::string(what) + "[" + std::to_string(i) +
+             "] = " + std::to_string(values[i]) + " is too large for " +
+             std::string(name_of(type)) + " (largest finite " +
+             (type == dtype::f16 ? "65504" : "3.39e38") + "; it would round to inf)");
 }
 
 storage::storage(std::size_t bytes, std::string_view site, trace::sink& sink)
@@ -110,8 +110,7 @@ storage::~storage() {
 }
 
 tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::size_t positions,
-                         std::size_t head_dim, std::size_t head_stride,
-                         std::size_t position_stride)
+                         std::size_t head_dim, std::size_t head_stride, std::size_t position_stride)
     : data_(data), type_(type), heads_(heads), positions_(positions), head_dim_(head_dim),
       head_stride_(head_stride), position_stride_(position_stride) {
   if (heads == 0) refuse("tensor_view: heads must be > 0");
@@ -123,8 +122,9 @@ tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::si
   // positions, dim]), or heads interleave within a position ([positions, heads, dim], e.g. a
   // prefill chunk as the caller laid it out).
   const bool head_major = head_stride >= (positions - 1) * position_stride + head_dim;
-  const bool position_major = head_stride >= head_dim &&
-                              (positions < 2 || position_stride >= (heads - 1) * head_stride + head_dim);
+  const bool position_major =
+      head_stride >= head_dim &&
+      (positions < 2 || position_stride >= (heads - 1) * head_stride + head_dim);
   if (heads > 1 && positions > 0 && !head_major && !position_major)
     refuse("tensor_view: head_stride " + std::to_string(head_stride) +
            " is smaller than one head's extent (heads would overlap)");
