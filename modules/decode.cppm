@@ -90,7 +90,7 @@ generator<std::span<const float>> decode(kv_cache_store& store, std::size_t laye
   if constexpr (std::is_lvalue_reference_v<Tokens>)
     return detail::decode_stream(store, layer, std::ref(tokens), options, window, sink);
   else
-    return detail::decode_stream(store, layer, std::move(tokens), options, window, sink);
+    return detail::decode_stream(store, layer, std::forward<Tokens>(tokens), options, window, sink);
 }
 
 }  // namespace ringkv

@@ -325,6 +325,7 @@ class snapshot_error : public std::runtime_error {
 inline constexpr std::uint32_t snapshot_version = 1;
 
 /// Store kinds a snapshot can hold (the header's store-kind field).
+// NOLINTNEXTLINE(performance-enum-size): the header stores it as 4 bytes.
 enum class snapshot_kind : std::uint32_t { default_store = 1, turboquant = 2, int8 = 3 };
 
 /// Writes `store` to `out` (the format above; only held positions); O(held rows). Throws

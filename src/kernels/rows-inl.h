@@ -196,6 +196,7 @@ HWY_INLINE std::size_t TakeWideGroups(std::size_t& heads) {
 /// Zen 3 measured t0/t1/t2/nta alike; on the Zen 4 t1 is dropped at times, and t0 took 0.80-1.02x
 /// t1's time (15 of 16 f32 cells below 1). Re-measure: scripts/bench-targets.
 HWY_INLINE void PrefetchLine(std::uintptr_t address) {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): line_feed walks addresses as integers.
   __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 3);
 }
 

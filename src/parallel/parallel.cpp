@@ -77,7 +77,7 @@ class default_thread_pool::shared {
   explicit shared(std::size_t threads) : threads_(threads) {
     workers_.reserve(threads - 1);
     for (std::size_t i = 1; i < threads; ++i)
-      workers_.emplace_back([this, i](std::stop_token stop) { work(stop, i); });
+      workers_.emplace_back([this, i](const std::stop_token& stop) { work(stop, i); });
   }
   // workers_ is the last member: its jthreads are stopped and joined before the rest goes.
 

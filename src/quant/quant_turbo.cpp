@@ -23,7 +23,7 @@ void check_bits(const char* field, unsigned bits) {
                                 std::to_string(bits) + " outside 2..4");
 }
 
-const turboquant_options& checked(const turboquant_options& o) {
+turboquant_options checked(const turboquant_options& o) {
   check_bits("key_bits", o.key_bits);
   check_bits("value_bits", o.value_bits);
   return o;
