@@ -229,6 +229,63 @@ BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_c
   BOOST_TEST(std::isfinite(out[0]));
 }
 
+BOOST_AUTO_TEST_CASE(a_pool_splits_a_step_by_query_heads_with_the_bits_of_one_thread) {
+  // 2 threads take whole kv heads (kv 8, 2) or share one kv head's group (kv 1, 3 query heads
+  // a kv head); 3 threads split groups unevenly. Every head's bits must be those of one call.
+  ringkv::default_thread_pool two(2), three(3);
+  std::size_t compared = 0;
+  for (std::size_t d : {64u, 128u, 40u})
+    for (std::size_t kv : {8u, 2u, 1u, 3u})
+      for (const variant& v : variants) {
+        const std::size_t q_heads = kv == 3 ? 9 : 8, n = 300;
+        auto s = v.make(shape(d, n, kv), {.sliding_window = true});
+        fill({s.get()}, n + 77, 31);
+        std::mt19937 rng(37);
+        const auto q = gaussian(rng, q_heads * d);
+        const std::vector<float> sinks(q_heads, 0.25f);
+        const std::size_t end = s->length(0), from = end - n;
+        const auto k = s->compressed_key_window(0, from, end);
+        const auto val = s->compressed_value_window(0, from, end);
+        for_each_target([&](const char* target) {
+          std::vector<float> one(q.size()), a(q.size(), 1.0f), b(q.size(), 2.0f);
+          ringkv::compressed_kv_attention().decode_step(q, k, val, one, 0.0f, sinks);
+          ringkv::compressed_kv_attention({.pool = &two}).decode_step(q, k, val, a, 0.0f, sinks);
+          ringkv::compressed_kv_attention({.pool = &three}).decode_step(q, k, val, b, 0.0f, sinks);
+          BOOST_TEST_CONTEXT(v.name << ", D " << d << ", kv " << kv << ", " << target) {
+            BOOST_TEST(std::memcmp(one.data(), a.data(), a.size() * sizeof(float)) == 0);
+            BOOST_TEST(std::memcmp(one.data(), b.data(), b.size() * sizeof(float)) == 0);
+          }
+          ++compared;
+        });
+      }
+  BOOST_TEST(compared >= 60u);
+}
+
+BOOST_AUTO_TEST_CASE(pooled_steps_over_a_wrapped_compressed_ring_allocate_nothing) {
+  ringkv::default_thread_pool pool(2);
+  for (const variant& v : variants) {
+    const kv_cache_config c = shape(128, 2048, 2);
+    auto s = v.make(c, {.sliding_window = true, .keep = 4});
+    fill({s.get()}, 3000, 41);
+    const ringkv::compressed_kv_attention attention({.pool = &pool});
+    std::mt19937 rng(43);
+    const auto q = gaussian(rng, 8 * 128), k = gaussian(rng, 256), val = gaussian(rng, 256);
+    std::vector<float> out(q.size());
+    const auto step = [&] {
+      const std::size_t p = s->append(0, k, val);
+      const auto w = s->query_window(p);
+      attention.decode_step(q, s->compressed_key_window(0, w.from, w.to),
+                            s->compressed_value_window(0, w.from, w.to), out);
+    };
+    step();  // the pool's first call may set up what its workers keep
+    const ringkv_test::new_counter counter;
+    for (int i = 0; i < 8; ++i) step();
+    const std::uint64_t calls = counter.calls();  // before the context's message allocates
+    BOOST_TEST_CONTEXT(v.name) { BOOST_TEST(calls == 0u); }
+    BOOST_TEST(std::isfinite(out[0]));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
   turboquant_kv_cache_store s(shape(16, 8, 2), {.key_bits = 3, .value_bits = 3, .qjl = true});
   ringkv::int8_kv_cache_store other(shape(8, 8, 2));

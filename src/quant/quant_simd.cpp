@@ -263,9 +263,11 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   const std::size_t padded = RoundUp(dim, block_positions);
   const std::size_t per_chunk = ChunkHeads(p, dim + 4 + (qjl ? padded + block_positions : 0));
   chunk c;
-  for (std::size_t kv = 0; kv < p.kv_heads; ++kv)
-    for (std::size_t q0 = kv * group; q0 < (kv + 1) * group; q0 += per_chunk) {
-      const std::size_t count = std::min(per_chunk, (kv + 1) * group - q0);
+  for (std::size_t kv = cp.q_first / group; kv * group < cp.q_last; ++kv)
+    for (std::size_t q0 = std::max(kv * group, cp.q_first),
+                     q_end = std::min((kv + 1) * group, cp.q_last);
+         q0 < q_end; q0 += per_chunk) {
+      const std::size_t count = std::min(per_chunk, q_end - q0);
       const std::size_t used = LayOutChunk(p, kv, q0, count, scratch, c);
       float* extra = scratch + used;
       float* sq = extra + RoundUp(4 * count + count * dim, block_positions);

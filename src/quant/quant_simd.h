@@ -33,10 +33,13 @@ struct compressed_problem {
   code_window keys, values;      // the same positions; TurboQuant keys/values share rotations
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
+  // The query heads this call computes, [q_first, q_last) (a thread's share of a step): a head's
+  // arithmetic does not depend on which other heads a call takes, so any split gives its bits.
+  std::size_t q_first = 0, q_last = 0;
 };
 
-/// out [q_heads, head_dim] = softmax(q·K̂ᵀ·scale (+ sink)) · V̂; O(window · (q_heads + decode) ·
-/// head_dim), no allocation.
+/// Rows [q_first, q_last) of out [q_heads, head_dim] = softmax(q·K̂ᵀ·scale (+ sink)) · V̂;
+/// O(window · (heads + decode) · head_dim), no allocation; other rows of `out` are untouched.
 void compressed_decode(const compressed_problem& p, const float* sinks, float* out);
 
 }  // namespace ringkv::simd
