@@ -80,6 +80,41 @@ HWY_INLINE void ExpandCodes(const std::uint8_t* codes, std::size_t padded, const
         out + i);
 }
 
+/// As ExpandPackedT for targets whose vector of codes takes 33 to 64 bits (16 lanes, 3 or 4
+/// bits): the word goes to each 64-bit lane, shifted there by lane·Bits, and the two halves'
+/// low 32 bits are joined into one vector of indices. A row's partial last group is unpacked.
+template <unsigned Bits>
+HWY_INLINE void ExpandWideT(const std::byte* packed, std::size_t dim, std::size_t padded,
+                            const lane_table& t, float scale, std::uint8_t* bytes, float* out) {
+  constexpr std::size_t N = hn::MaxLanes(DF()), group_bytes = N * Bits / 8;
+  const DF d;
+  const hn::Repartition<std::uint64_t, DF> d64;
+  const hn::Rebind<std::uint32_t, DF> du;
+  const DI di;
+  const auto low = hn::Mul(hn::Iota(d64, 0), hn::Set(d64, Bits));
+  const auto high = hn::Add(low, hn::Set(d64, Bits * hn::Lanes(d64)));
+  const auto mask = hn::Set(d64, (1u << Bits) - 1);
+  constexpr std::size_t vectors = ((std::size_t{1} << Bits) + N - 1) / N;
+  HWY_ALIGN float levels[vectors * N];  // the codebook times this row's norm
+  const VF vs = hn::Set(d, scale);
+  for (std::size_t v = 0; v < vectors; ++v)
+    hn::Store(hn::Mul(hn::Load(d, t.levels + v * N), vs), d, levels + v * N);
+  const std::size_t full = dim / N * N;
+  const std::byte* HWY_RESTRICT in = packed;
+  float* HWY_RESTRICT o = out;
+  for (std::size_t i = 0; i < full; i += N, in += group_bytes, o += N) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, in, group_bytes);  // LSB-first stream, little-endian
+    const auto w = hn::Set(d64, word);
+    const auto idx = hn::ConcatEven(du, hn::BitCast(du, hn::And(hn::Shr(w, high), mask)),
+                                    hn::BitCast(du, hn::And(hn::Shr(w, low), mask)));
+    hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, o);
+  }
+  if (full == padded) return;
+  Unpack(packed, Bits, dim, bytes);
+  ExpandCodes(bytes + full, padded - full, t, scale, out + full);
+}
+
 /// out[0, padded) = scale · table[code i] straight from the packed row: each vector's N codes
 /// (N·Bits bits, whole bytes, at most 4) are read as one word, broadcast, shifted per lane by
 /// lane·Bits and masked into lookup indices; the number of table vectors is known here, so the
@@ -88,9 +123,11 @@ template <unsigned Bits>
 HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::size_t padded,
                               const lane_table& t, float scale, std::uint8_t* bytes, float* out) {
   constexpr std::size_t N = hn::MaxLanes(DF()), group_bits = N * Bits;
-  if constexpr (group_bits > 32 || group_bits % 8 != 0) {
+  if constexpr (group_bits > 64 || group_bits % 8 != 0) {
     Unpack(packed, Bits, dim, bytes);
     ExpandCodes(bytes, padded, t, scale, out);
+  } else if constexpr (group_bits > 32) {
+    ExpandWideT<Bits>(packed, dim, padded, t, scale, bytes, out);
   } else {
     const DF d;
     const hn::Rebind<std::uint32_t, DF> du;
