@@ -58,6 +58,11 @@ void check_windows(const compressed_window& keys, const compressed_window& value
            "] but values are [" + str(values.heads()) + " heads, head_dim " +
            str(values.head_dim()) + "]");
   if (values.format().qjl) refuse("values carry QJL sketches; only keys may");
+  const compressed_format &kf = keys.format(), &vf = values.format();
+  if (kf.kind == compression::turboquant && !kf.grouped)
+    refuse("TurboQuant keys must be in slot groups (compressed_format::grouped)");
+  if (vf.grouped || (vf.kind == compression::turboquant && (vf.bits < 2 || vf.bits > 4)))
+    refuse("values must be rows of 2- to 4-bit TurboQuant codes or int8 codes");
   if (keys.head_dim() > compressed_kv_attention::max_head_dim)
     refuse("head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
            str(compressed_kv_attention::max_head_dim));
