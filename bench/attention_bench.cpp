@@ -115,10 +115,10 @@ class wrapped_layer {
  private:
   windowed_kv window(ringkv::storage& st) {
     const std::size_t w = s_.window, half = w / 2, d = s_.dim, row = d * ringkv::size_of(s_.type);
-    const ringkv::tensor_view head(st.data() + half * row, s_.type, s_.kv_heads, w - half, d,
-                                   w * d, d);  // slots [W/2, W)
+    const ringkv::tensor_view head(st.data() + half * row, s_.type, s_.kv_heads, w - half, d, w * d,
+                                   d);  // slots [W/2, W)
     const ringkv::tensor_view tail(st.data(), s_.type, s_.kv_heads, half, d, w * d,
-                                   d);  // slots [0, W/2)
+                                   d);             // slots [0, W/2)
     return windowed_kv(head, tail, 3 * w - half);  // positions [2.5 W, 3.5 W)
   }
 
@@ -179,7 +179,8 @@ float read_roof(wrapped_layer& l, std::size_t threads, bool paired) {
 double roof_nanos(shape s) {
   // Keyed by the bytes read: f16 and bf16 rows share one roof.
   static std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>,
-                  double> cache;
+                  double>
+      cache;
   const auto key = std::tuple(s.dim, s.window, s.kv_heads, ringkv::size_of(s.type), s.threads);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   wrapped_layer& l = layer_for(s);
@@ -317,8 +318,8 @@ std::vector<ringkv_bench::ggml_run> ggml_runs(const windowed_kv& k, const window
   std::vector<ringkv_bench::ggml_run> runs;
   for (std::size_t r = 0; r < k.runs().size(); ++r) {
     const ringkv::tensor_view &kr = k.runs()[r], &vr = v.runs()[r];
-    runs.push_back({kr.row<float>(0, 0).data(), vr.row<float>(0, 0).data(), kr.positions(),
-                    kr.head_stride()});
+    runs.push_back(
+        {kr.row<float>(0, 0).data(), vr.row<float>(0, 0).data(), kr.positions(), kr.head_stride()});
   }
   return runs;
 }
@@ -330,7 +331,7 @@ void ggml(benchmark::State& state, shape s) {
   const std::size_t group = shape::q_heads / s.kv_heads, share = shape::q_heads / s.threads;
   const float scale = 1.0f / std::sqrt(float(s.dim));
   // Each thread's [dim] accumulator 16 KiB from the other's: 256 bytes apart, the 2-thread
-  // D 64 steps took 2.3x as long (668 against 288 us), which would flatter ringkv.
+  // D 64 steps took 2.3x as long, which would flatter ringkv.
   constexpr std::size_t apart = 4096;
   std::vector<float> acc(s.threads * apart);  // [threads, apart]
   const auto heads = [&](std::size_t t) {
@@ -347,13 +348,14 @@ void ggml(benchmark::State& state, shape s) {
     worst = std::max(worst, std::abs(expected[i] - l.out()[i]));
     largest = std::max(largest, std::abs(expected[i]));
   }
-  if (!(worst <= 1e-4f * largest)) return state.SkipWithError("ggml_style_decode disagrees with ringkv");
+  if (!(worst <= 1e-4f * largest))
+    return state.SkipWithError("ggml_style_decode disagrees with ringkv");
   if (s.threads == 1) return measure(state, s, [&] { heads(0); });
   measure(state, s, [&] { pool_of_two().parallel_for(2, heads); });
 }
 
 /// The windows to measure: RINGKV_BENCH_WINDOWS (positions, comma-separated, e.g.
-/// "256,1024,2048,4096") or the issues' grid; refuses a list it cannot read.
+/// "256,1024,2048,4096") or the default grid (256, 4096, 32768); refuses a list it cannot read.
 std::vector<std::size_t> windows() {
   const char* list = std::getenv("RINGKV_BENCH_WINDOWS");
   if (list == nullptr || *list == '\0') return {256, 4096, 32768};
@@ -363,7 +365,8 @@ std::vector<std::size_t> windows() {
     const unsigned long n = std::strtoul(p, &end, 10);
     if (end == p || n == 0 || (*end != ',' && *end != '\0'))
       throw std::invalid_argument(std::string("RINGKV_BENCH_WINDOWS: expected positive window "
-                                              "sizes separated by commas, got \"") + list + '"');
+                                              "sizes separated by commas, got \"") +
+                                  list + '"');
     w.push_back(n);
     if (*end == '\0') return w;
     p = end + 1;
@@ -412,8 +415,8 @@ int main(int argc, char** argv) {
   for (std::size_t dim : {64, 128})
     for (std::size_t window : grid_windows)
       for (std::size_t kv : {8, 2}) {
-        const std::string name = "decode/D:" + std::to_string(dim) + "/W:" + std::to_string(window) +
-                                 "/kv:" + std::to_string(kv) + "/";
+        const std::string name = "decode/D:" + std::to_string(dim) +
+                                 "/W:" + std::to_string(window) + "/kv:" + std::to_string(kv) + "/";
         for (const auto& [label, fn, type, threads] : variants)
           benchmark::RegisterBenchmark((name + label).c_str(), fn,
                                        shape{dim, window, kv, type, threads})

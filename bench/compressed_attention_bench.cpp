@@ -32,12 +32,18 @@ std::unique_ptr<ringkv::kv_cache_store> make(variant v, const ringkv::kv_cache_c
         c, ringkv::turboquant_options{.key_bits = k, .value_bits = val, .qjl = qjl}, ring);
   };
   switch (v) {
-    case f32: return std::make_unique<ringkv::default_kv_cache_store>(c, ring);
-    case tq4: return tq(4, 4, false);
-    case tq3: return tq(3, 3, false);
-    case tq2: return tq(2, 2, false);
-    case tq4qjl: return tq(4, 4, true);
-    default: return std::make_unique<ringkv::int8_kv_cache_store>(c, ring);
+    case f32:
+      return std::make_unique<ringkv::default_kv_cache_store>(c, ring);
+    case tq4:
+      return tq(4, 4, false);
+    case tq3:
+      return tq(3, 3, false);
+    case tq2:
+      return tq(2, 2, false);
+    case tq4qjl:
+      return tq(4, 4, true);
+    default:
+      return std::make_unique<ringkv::int8_kv_cache_store>(c, ring);
   }
 }
 
@@ -46,8 +52,8 @@ std::unique_ptr<ringkv::kv_cache_store> make(variant v, const ringkv::kv_cache_c
 ringkv::kv_cache_store& store_for(variant v, std::size_t d, std::size_t w, std::size_t kv) {
   static std::unique_ptr<ringkv::kv_cache_store> store;
   static std::string built;
-  const std::string key = std::to_string(v) + "/" + std::to_string(d) + "/" +
-                          std::to_string(w) + "/" + std::to_string(kv);
+  const std::string key = std::to_string(v) + "/" + std::to_string(d) + "/" + std::to_string(w) +
+                          "/" + std::to_string(kv);
   if (built != key) {
     store.reset();
     store = make(v, {.layers = 1, .kv_heads = kv, .head_dim = d, .capacity = w});
@@ -76,7 +82,8 @@ void decode_step(benchmark::State& state) {
   const auto report = s.memory();
   if (v == f32) {
     const auto& st = static_cast<const ringkv::default_kv_cache_store&>(s);
-    const ringkv::windowed_kv keys = st.key_window(0, from, n), values = st.value_window(0, from, n);
+    const ringkv::windowed_kv keys = st.key_window(0, from, n),
+                              values = st.value_window(0, from, n);
     const ringkv::windowed_attention attention;
     for (auto _ : state) {
       attention.decode_step(q, keys, values, out);
@@ -94,9 +101,8 @@ void decode_step(benchmark::State& state) {
   }
   const double per_token = double(report.physical_bytes) / double(w);
   state.counters["bytes_per_token"] = per_token;
-  state.counters["bytes_per_second"] =
-      benchmark::Counter(per_token * double(w) * double(state.iterations()),
-                         benchmark::Counter::kIsRate);
+  state.counters["bytes_per_second"] = benchmark::Counter(
+      per_token * double(w) * double(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel(names[v]);
 }
 

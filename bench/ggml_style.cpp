@@ -91,8 +91,8 @@ HWY_EXPORT(GgmlStyleDecode);
 void ggml_style_decode(const float* query, std::size_t h0, std::size_t h1, std::size_t group,
                        std::size_t dim, std::span<const ggml_run> runs, float scale, float* out,
                        float* acc) {
-  HWY_DYNAMIC_DISPATCH(GgmlStyleDecode)(query, h0, h1, group, dim, runs.data(), runs.size(),
-                                        scale, out, acc);
+  HWY_DYNAMIC_DISPATCH(GgmlStyleDecode)(query, h0, h1, group, dim, runs.data(), runs.size(), scale,
+                                        out, acc);
 }
 }  // namespace ringkv_bench
 #endif

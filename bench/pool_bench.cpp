@@ -34,8 +34,7 @@ class minimal_fork_join {
   void run(F& fn) {
     job_ = &fn;
     invoke_ = [](void* f, std::size_t i) { (*static_cast<F*>(f))(i); };
-    generation_.store(generation_.load(std::memory_order_relaxed) + 1,
-                      std::memory_order_release);
+    generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     fn(0);
     while (done_.load(std::memory_order_acquire) != generation_.load(std::memory_order_relaxed))
       ringkv::spin::relax();

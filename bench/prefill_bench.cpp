@@ -33,10 +33,13 @@ const prompt& the_prompt() {
 }
 
 ringkv::default_kv_cache_store fresh_ring(std::size_t window, ringkv::dtype type) {
-  return ringkv::default_kv_cache_store(
-      {.layers = 1, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = window,
-       .key_type = type, .value_type = type},
-      {.sliding_window = true});
+  return ringkv::default_kv_cache_store({.layers = 1,
+                                         .kv_heads = kv_heads,
+                                         .head_dim = head_dim,
+                                         .capacity = window,
+                                         .key_type = type,
+                                         .value_type = type},
+                                        {.sliding_window = true});
 }
 
 ringkv::dtype type_of(benchmark::State& state) {
@@ -76,12 +79,13 @@ void token_by_token(benchmark::State& state) {
     auto store = fresh_ring(window, type_of(state));
     state.ResumeTiming();
     for (std::size_t t = 0; t < prompt_tokens; ++t) {
-      const std::size_t pos = store.append(0, std::span<const float>(p.k).subspan(t * kv_row, kv_row),
-                                           std::span<const float>(p.v).subspan(t * kv_row, kv_row));
+      const std::size_t pos =
+          store.append(0, std::span<const float>(p.k).subspan(t * kv_row, kv_row),
+                       std::span<const float>(p.v).subspan(t * kv_row, kv_row));
       const std::size_t from = pos + 1 > window ? pos + 1 - window : 0;
       attention.decode_step(std::span<const float>(p.q).subspan(t * q_row, q_row),
-                            store.key_window(0, from, pos + 1), store.value_window(0, from, pos + 1),
-                            out);
+                            store.key_window(0, from, pos + 1),
+                            store.value_window(0, from, pos + 1), out);
       benchmark::DoNotOptimize(out.data());
     }
   }

@@ -197,7 +197,7 @@ def main(argv):
           "floor: the paired read with one multiply-add per query head of the group on every vector "
           "read (the least arithmetic an exact step does on those bytes; no lane sums, exp or rescale): "
           "where it is above 1.25× the roof, so is every kernel. exp floor: the floor with the vector "
-          "exp every score takes (Highway's Exp over a vector of scores at a time), since session 25.\n")
+          "exp every score takes (Highway's Exp over a vector of scores at a time).\n")
     print("### 1 thread\n")
     print(table(runs, 1))
     if any(k[3].startswith("pair2") for k in runs):

@@ -34,17 +34,16 @@ HWY_INLINE float EightChains(DF d, std::size_t steps, Load load) {
     a6 = hn::Add(a6, load(i, 6));
     a7 = hn::Add(a7, load(i, 7));
   }
-  const auto sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
-                           hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  const auto sum =
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
 float StreamReadImpl(const float* p, std::size_t n) {
   const DF d;
   const std::size_t N = hn::Lanes(d), steps = n / (8 * N);
-  float s = EightChains(d, steps, [&](std::size_t i, std::size_t k) {
-    return hn::LoadU(d, p + i * 8 * N + k * N);
-  });
+  float s = EightChains(
+      d, steps, [&](std::size_t i, std::size_t k) { return hn::LoadU(d, p + i * 8 * N + k * N); });
   for (std::size_t i = steps * 8 * N; i < n; ++i) s += p[i];
   return s;
 }
@@ -121,10 +120,14 @@ template <bool Exps, class T>
 float StreamFmaPairGroup(const T* a, const T* b, std::size_t n, std::size_t group,
                          std::size_t head_dim) {
   switch (group) {
-    case 1: return StreamFmaPair<1, Exps>(a, b, n, head_dim);
-    case 2: return StreamFmaPair<2, Exps>(a, b, n, head_dim);
-    case 4: return StreamFmaPair<4, Exps>(a, b, n, head_dim);
-    default: return StreamFmaPair<8, Exps>(a, b, n, head_dim);
+    case 1:
+      return StreamFmaPair<1, Exps>(a, b, n, head_dim);
+    case 2:
+      return StreamFmaPair<2, Exps>(a, b, n, head_dim);
+    case 4:
+      return StreamFmaPair<4, Exps>(a, b, n, head_dim);
+    default:
+      return StreamFmaPair<8, Exps>(a, b, n, head_dim);
   }
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issues 4 and 8's targets over several processes (scripts/bench-targets): runs attention_bench
+"""The decode-step targets over several processes (scripts/bench-targets): runs attention_bench
 once per shape and round, rounds alternating the shapes, each run the shape's roofs, floors and
 steps with interleaved repetitions; then, per target, the median over the rounds of each round's
 ratio (fastest repetitions of the same process), its range, and a verdict.

@@ -71,13 +71,13 @@ struct block_work {
   block_work(std::size_t dim, std::size_t heads, float* work) {
     constexpr std::size_t B = ringkv::simd::block_positions;
     c.count = heads;
-    c.padded_dim = dim;  // a multiple of 16 here
-    float* q = work;                                 // [heads, dim]
-    c.scores = q + heads * dim;                      // [heads, B]
-    c.rescale = c.scores + heads * B;                // [heads]
-    float* max = c.rescale + padded_heads(heads);    // [heads]
-    float* sum = max + padded_heads(heads);          // [heads]
-    float* acc = sum + padded_heads(heads);          // [heads, dim]
+    c.padded_dim = dim;                            // a multiple of 16 here
+    float* q = work;                               // [heads, dim]
+    c.scores = q + heads * dim;                    // [heads, B]
+    c.rescale = c.scores + heads * B;              // [heads]
+    float* max = c.rescale + padded_heads(heads);  // [heads]
+    float* sum = max + padded_heads(heads);        // [heads]
+    float* acc = sum + padded_heads(heads);        // [heads, dim]
     for (std::size_t i = 0; i < heads * dim; ++i) q[i] = 1e-3f * float(i % 7);
     for (std::size_t h = 0; h < heads; ++h) {
       max[h] = rs::minus_infinity;
@@ -104,9 +104,9 @@ void PointRows(rs::block_rows& b, const float* k, const float* v, std::size_t di
 /// One block's parts for the chunk's heads over rows b: the score tiles for block, scores and
 /// tiles; the softmax step for block and softmax; the V tiles for block, values and tiles. Out
 /// of line, so both callers share one copy of the tiles per target: inlined into each, they
-/// made this file take 278 s to compile under the asan preset, against 117 s so.
-HWY_NOINLINE void RunBlock(int which, std::size_t dim, const rs::chunk& c,
-                           const rs::block_rows& b, const ringkv::simd::state& s) {
+/// made this file take 2.4x as long to compile under the asan preset.
+HWY_NOINLINE void RunBlock(int which, std::size_t dim, const rs::chunk& c, const rs::block_rows& b,
+                           const ringkv::simd::state& s) {
   const rs::DF d;
   rs::line_feed idle;
   if (which == block || which == scores || which == tiles)
@@ -194,8 +194,8 @@ float FmaPeakImpl(std::size_t repeats) {
     a6 = hn::MulAdd(a6, m, e);
     a7 = hn::MulAdd(a7, m, e);
   }
-  const auto sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
-                           hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  const auto sum =
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
@@ -222,9 +222,7 @@ struct aligned_free {
 };
 using floats = std::unique_ptr<float[], aligned_free>;
 
-floats aligned_floats(std::size_t n) {
-  return floats(new (std::align_val_t{64}) float[n]);
-}
+floats aligned_floats(std::size_t n) { return floats(new (std::align_val_t{64}) float[n]); }
 
 /// n floats of K rows (into k) and of V rows (into v), in [−0.5, 0.5), neither repeating soon.
 void fill_rows(floats& k, floats& v, std::size_t n) {
@@ -248,9 +246,9 @@ void tile(benchmark::State& state) {
         which, dim, heads, repeats_per_iteration, k.get(), v.get(), work.get()));
   const double per_phase = double(rows * heads * dim);
   const double phases = which == block ? 2.0 : which == softmax ? 0.0 : 1.0;
-  state.counters["multiply_adds_per_second"] = benchmark::Counter(
-      phases * per_phase * double(repeats_per_iteration),
-      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["multiply_adds_per_second"] =
+      benchmark::Counter(phases * per_phase * double(repeats_per_iteration),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 constexpr std::size_t walk_kv_heads = 8;
@@ -280,8 +278,8 @@ void fma_peak(benchmark::State& state) {
   constexpr std::size_t steps = 1 << 16;
   for (auto _ : state) benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(steps));
   const double lanes = double(HWY_DYNAMIC_DISPATCH(FmaLanesImpl)());
-  state.counters["multiply_adds_per_second"] = benchmark::Counter(
-      8.0 * lanes * steps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["multiply_adds_per_second"] =
+      benchmark::Counter(8.0 * lanes * steps, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK(fma_peak);

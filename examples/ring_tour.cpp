@@ -15,7 +15,9 @@ namespace trace = ringkv::trace;
 
 namespace {
 template <class... F>
-struct overloaded : F... { using F::operator()...; };
+struct overloaded : F... {
+  using F::operator()...;
+};
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
@@ -26,17 +28,24 @@ std::string span_text(std::size_t first, std::size_t count) {
 
 std::string describe(const trace::event& e) {
   auto text = [](std::string_view s) { return std::string(s); };
-  return std::visit(
-      overloaded{
-          [&](const trace::allocation& a) { return "allocation " + text(a.site) + " " + std::to_string(a.bytes) + " B"; },
-          [&](const trace::release& r) { return "release " + text(r.site) + " " + std::to_string(r.bytes) + " B"; },
-          [&](const trace::adapter_inserted& a) {
-            return "adapter_inserted " + text(a.kind) + " (" + text(a.target) + ") " + std::to_string(a.bytes) + " B";
-          },
-          [&](const trace::scope_reset& s) { return "scope_reset, " + std::to_string(s.live_before) + " B were live"; },
-          [&](const trace::kernel_run& k) { return "kernel_run " + text(k.kernel); },
-      },
-      e);
+  return std::visit(overloaded{
+                        [&](const trace::allocation& a) {
+                          return "allocation " + text(a.site) + " " + std::to_string(a.bytes) +
+                                 " B";
+                        },
+                        [&](const trace::release& r) {
+                          return "release " + text(r.site) + " " + std::to_string(r.bytes) + " B";
+                        },
+                        [&](const trace::adapter_inserted& a) {
+                          return "adapter_inserted " + text(a.kind) + " (" + text(a.target) + ") " +
+                                 std::to_string(a.bytes) + " B";
+                        },
+                        [&](const trace::scope_reset& s) {
+                          return "scope_reset, " + std::to_string(s.live_before) + " B were live";
+                        },
+                        [&](const trace::kernel_run& k) { return "kernel_run " + text(k.kernel); },
+                    },
+                    e);
 }
 
 // Prints the events recorded since `seen` and moves `seen` past them.
@@ -82,10 +91,11 @@ int main(int argc, char** argv) {
   const ringkv::kv_cache_config config{.layers = 1, .kv_heads = 2, .head_dim = 4, .capacity = 6};
   const ringkv::store_options options{.sliding_window = true, .keep = 1, .slack = 1};
   ringkv::default_kv_cache_store store(config, options, rec);
-  std::printf("ring: capacity %zu, keep %zu (a sink in slot 0), slack %zu -> attention window W = "
-              "%zu (the sink + %zu newest)\n",
-              config.capacity, options.keep, options.slack, store.attention_window(),
-              store.attention_window() - options.keep);
+  std::printf(
+      "ring: capacity %zu, keep %zu (a sink in slot 0), slack %zu -> attention window W = "
+      "%zu (the sink + %zu newest)\n",
+      config.capacity, options.keep, options.slack, store.attention_window(),
+      store.attention_window() - options.keep);
   std::size_t seen = 0;
   print_new_events(rec, seen);
 

@@ -54,13 +54,20 @@ bool parse(int argc, char** argv, settings& s, bool& help) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--help" || a == "-h") help = true;
-    else if (a == "--gather") s.gather = true;
-    else if (a == "--tokens" && has_value) { if (!parse_count(argv[++i], s.tokens)) return false; }
-    else if (a == "--window" && has_value) { if (!parse_count(argv[++i], s.window)) return false; }
-    else if (a == "--layers" && has_value) { if (!parse_count(argv[++i], s.layers)) return false; }
-    else if (a == "--trace" && has_value) s.trace_file = argv[++i];
-    else return false;
+    if (a == "--help" || a == "-h")
+      help = true;
+    else if (a == "--gather")
+      s.gather = true;
+    else if (a == "--tokens" && has_value) {
+      if (!parse_count(argv[++i], s.tokens)) return false;
+    } else if (a == "--window" && has_value) {
+      if (!parse_count(argv[++i], s.window)) return false;
+    } else if (a == "--layers" && has_value) {
+      if (!parse_count(argv[++i], s.layers)) return false;
+    } else if (a == "--trace" && has_value)
+      s.trace_file = argv[++i];
+    else
+      return false;
   }
   return true;
 }
@@ -116,8 +123,8 @@ struct layer {
       : window(w), wq(q_heads * head_dim, d_model, rng), wk(kv_heads * head_dim, d_model, rng),
         wv(kv_heads * head_dim, d_model, rng), wo(d_model, q_heads * head_dim, rng),
         store(std::make_unique<ringkv::default_kv_cache_store>(
-            ringkv::kv_cache_config{.layers = 1, .kv_heads = kv_heads, .head_dim = head_dim,
-                                    .capacity = w},
+            ringkv::kv_cache_config{
+                .layers = 1, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = w},
             ringkv::store_options{.sliding_window = true}, sink)),
         q(q_heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim),
         row(q_heads * head_dim), decoder(*store, 0, {.window = w, .gather = gather}, sink) {}
@@ -172,16 +179,17 @@ int main(int argc, char** argv) {
   std::mt19937 rng(20261129);
   std::vector<std::unique_ptr<layer>> layers;
   for (std::size_t l = 0; l < s.layers; ++l)
-    layers.push_back(std::make_unique<layer>(l % 4 == 3 ? 4 * s.window : s.window, rng, sink,
-                                             s.gather));
+    layers.push_back(
+        std::make_unique<layer>(l % 4 == 3 ? 4 * s.window : s.window, rng, sink, s.gather));
   std::vector<float> x(d_model), h(d_model), o(d_model);
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (float& e : x) e = n(rng);
 
-  std::printf("ringkv stream_decode: %zu layers, d_model %zu, %zu q heads / %zu kv heads, "
-              "head_dim %zu, windows %zu (x4 on every 4th layer), %zu tokens%s\n",
-              s.layers, d_model, q_heads, kv_heads, head_dim, s.window, s.tokens,
-              s.gather ? ", gather path" : "");
+  std::printf(
+      "ringkv stream_decode: %zu layers, d_model %zu, %zu q heads / %zu kv heads, "
+      "head_dim %zu, windows %zu (x4 on every 4th layer), %zu tokens%s\n",
+      s.layers, d_model, q_heads, kv_heads, head_dim, s.window, s.tokens,
+      s.gather ? ", gather path" : "");
   std::uint64_t allocations_before = 0, adapters_before = 0;
   const auto start = std::chrono::steady_clock::now();
   auto warm = start;
@@ -197,14 +205,16 @@ int main(int argc, char** argv) {
       adapters_before = sink.adapters;
     }
     if ((t + 1) % report_every == 0 || t + 1 == s.tokens) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const auto& st = *layers[0]->store;
       const auto window = st.key_window(0, st.window_start(0), st.length(0));
-      std::printf("  token %5zu  %8.0f tok/s  layer 0 holds [%zu, %zu) as %zu run%s  "
-                  "ring phase %zu/%zu\n",
-                  t + 1, double(t + 1) / secs, st.window_start(0), st.length(0),
-                  window.runs().size(), window.runs().size() == 1 ? "" : "s",
-                  st.length(0) % st.config().capacity, st.config().capacity);
+      std::printf(
+          "  token %5zu  %8.0f tok/s  layer 0 holds [%zu, %zu) as %zu run%s  "
+          "ring phase %zu/%zu\n",
+          t + 1, double(t + 1) / secs, st.window_start(0), st.length(0), window.runs().size(),
+          window.runs().size() == 1 ? "" : "s", st.length(0) % st.config().capacity,
+          st.config().capacity);
     }
   }
   const auto end = std::chrono::steady_clock::now();
@@ -219,8 +229,8 @@ int main(int argc, char** argv) {
               (unsigned long long)(sink.allocations - allocations_before),
               (unsigned long long)(sink.adapters - adapters_before));
   std::printf("summary: KV bytes held: %zu\n", held);
-  std::printf("summary: last row of the last layer starts %.6f %.6f %.6f %.6f\n", last[0],
-              last[1], last[2], last[3]);
+  std::printf("summary: last row of the last layer starts %.6f %.6f %.6f %.6f\n", last[0], last[1],
+              last[2], last[3]);
   if (!s.trace_file.empty()) {
     std::ofstream out(s.trace_file);
     ringkv::trace::write_chrome_trace(out, rec);

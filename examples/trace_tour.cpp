@@ -9,7 +9,9 @@ import ringkv;
 namespace trace = ringkv::trace;
 
 template <class... F>
-struct overloaded : F... { using F::operator()...; };
+struct overloaded : F... {
+  using F::operator()...;
+};
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
@@ -44,8 +46,8 @@ int main(int argc, char** argv) {
                                  s.live_before);
                    },
                    [&](const trace::kernel_run& k) {
-                     std::printf("%-4d %-18s %-20.*s %10zu\n", i, "kernel_run", int(k.kernel.size()),
-                                 k.kernel.data(), k.bytes_read);
+                     std::printf("%-4d %-18s %-20.*s %10zu\n", i, "kernel_run",
+                                 int(k.kernel.size()), k.kernel.data(), k.bytes_read);
                    },
                },
                e);

@@ -74,19 +74,16 @@ class windowed_attention {
 
   /// A chunk of C tokens of one layer: queries [C, q_heads * head_dim], keys and values
   /// [C, kv_heads * head_dim], out like queries. Token i sits at position p = length(layer) + i
-  /// and sees the window p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S
-  /// newest), never a position below 0 or above p: the part still in the store as its zero-copy
-  /// runs, then chunk rows — nothing is reordered or copied for f32 (an f16/bf16 store's chunk
-  /// rows are rounded once into the arena, as append would store them: two adapter_inserted
-  /// {"round-chunk-rows"}, "keys" and "values", priced in bytes). Every output is computed
-  /// before the chunk is appended, so a ring of capacity W takes a chunk of any length. The result
-  /// is bit for bit that of C calls of append + decode_step, however a prompt is cut into chunks.
-  /// A store other than default_kv_cache_store gets exactly that token-by-token loop (the decode
-  /// stream's, detail::append_and_attend: a compressed store from its codes). Checks
-  /// everything first (std::invalid_argument / std::out_of_range naming the argument, cache_full
-  /// for a dense store without room) with `out` and the store untouched.
-  /// With a pool the chunk's queries are split across it (same bits).
-  /// O(C · W · q_heads · head_dim); no allocation on an f32 store (or with an arena that fits).
+  /// and sees p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S newest),
+  /// never below 0 or above p: the store's zero-copy runs, then the chunk's rows (an f16/bf16
+  /// store's rounded once into the arena as append stores them: adapter_inserted
+  /// {"round-chunk-rows"} for "keys" and "values", in bytes). Every output is computed before the
+  /// chunk is appended, so a ring of capacity W takes a chunk of any length; the bits are those
+  /// of C calls of append + decode_step however a prompt is cut, and a store other than
+  /// default_kv_cache_store gets that very loop (detail::append_and_attend; a compressed one from
+  /// its codes). Checks all first (std::invalid_argument / std::out_of_range naming the argument,
+  /// cache_full for a dense store without room), `out` and the store untouched. A pool splits the
+  /// queries (same bits). O(C · W · q_heads · head_dim); no allocation for f32 or a fitting arena.
   void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
                std::span<const float> keys, std::span<const float> values, std::span<float> out,
                const prefill_options& options = {}) const;
@@ -106,8 +103,8 @@ class windowed_attention {
 
   trace::sink* sink_;  // never null: null_sink() when the options gave none
   thread_pool* pool_;
-  mutable storage scratch_;                   // partial states of a split decode
-  mutable std::atomic_flag scratch_busy_;     // set while a step uses scratch_
+  mutable storage scratch_;                // partial states of a split decode
+  mutable std::atomic_flag scratch_busy_;  // set while a step uses scratch_
 };
 
 /// Decode attention straight from compressed windows (ringkv.quant): no dequantized copy. The
@@ -189,9 +186,9 @@ struct token_step {
 /// store whose windows copy, or t.gather, copies into `arena`, held at the full window's size by
 /// hold_window_copies; null only with `codes`). Every check is the caller's, made before: a
 /// refusal here would come after the append. O(window · q_heads · head_dim), plus the copies.
-void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes,
-                       std::size_t layer, std::size_t window, const token_step& t,
-                       const windowed_attention& attention, trace::sink& sink, scope* arena);
+void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
+                       std::size_t window, const token_step& t, const windowed_attention& attention,
+                       trace::sink& sink, scope* arena);
 
 }  // namespace ringkv::detail
 
@@ -207,9 +204,9 @@ void traced(trace::sink& sink, std::string_view kernel, std::size_t bytes_read,
   }
   const auto start = std::chrono::steady_clock::now();
   work();
-  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+  const auto nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   sink.emit(trace::kernel_run{kernel, bytes_read, bytes_written, nanos});
 }
 

@@ -20,11 +20,11 @@ struct token_qkv {
 };
 
 struct decode_options {
-  std::size_t window = 0;            // keys a query sees, counting itself; 0: capacity - slack
-  float scale = 0.0f;                // 0: 1 / sqrt(head_dim)
-  std::span<const float> sinks = {}; // learned sink logit per query head, or empty
-  bool gather = false;               // copy each window into one run first (traced), to compare
-  thread_pool* pool = nullptr;       // split each step across it (same bits); null: this thread
+  std::size_t window = 0;             // keys a query sees, counting itself; 0: capacity - slack
+  float scale = 0.0f;                 // 0: 1 / sqrt(head_dim)
+  std::span<const float> sinks = {};  // learned sink logit per query head, or empty
+  bool gather = false;                // copy each window into one run first (traced), to compare
+  thread_pool* pool = nullptr;        // split each step across it (same bits); null: this thread
 };
 
 namespace detail {
@@ -41,9 +41,13 @@ void decode_one(kv_cache_store& store, compressed_kv_cache_store* codes, std::si
                 std::span<float> out);
 
 template <class R>
-R& unwrap(R& r) noexcept { return r; }
+R& unwrap(R& r) noexcept {
+  return r;
+}
 template <class R>
-R& unwrap(std::reference_wrapper<R> r) noexcept { return r.get(); }
+R& unwrap(std::reference_wrapper<R> r) noexcept {
+  return r.get();
+}
 
 }  // namespace detail
 
@@ -118,8 +122,8 @@ generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size
 /// is referenced, an rvalue one moved into the stream. Options are checked here, at the call
 /// (also that the store's key_type and value_type agree: f32, f16 or bf16, one dtype for both).
 template <class Tokens>
-generator<std::span<const float>> decode(kv_cache_store& store, std::size_t layer,
-                                         Tokens&& tokens, decode_options options = {},
+generator<std::span<const float>> decode(kv_cache_store& store, std::size_t layer, Tokens&& tokens,
+                                         decode_options options = {},
                                          trace::sink& sink = trace::null_sink()) {
   detail::check_decode(store, layer, options);
   if constexpr (std::is_lvalue_reference_v<Tokens>)

@@ -1,6 +1,6 @@
 // ringkv.kernels — the SIMD attention kernels (Highway, dynamic dispatch: the best instruction
 // set of the CPU, chosen once per call), as checked functions over windows. Highway itself stays
-// private: its code lives in ordinary src/*.cpp files behind a Highway-free header (DESIGN §5).
+// private: its code lives in src/kernels/ behind a Highway-free header (docs/design.md).
 //
 // Arithmetic contract (what makes results independent of where a ring wrapped and of threads):
 // scores are dot(query · scale, key row) with the same arithmetic for every row; the online

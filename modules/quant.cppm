@@ -94,10 +94,10 @@ struct compressed_format {
   compression kind = compression::turboquant;
   std::size_t heads = 0;
   std::size_t head_dim = 0;
-  unsigned bits = 0;             // codebook bits per coordinate (8 for int8)
-  std::size_t code_bytes = 0;    // per row: ceil(head_dim · bits / 8), LSB-first bit stream
-  bool qjl = false;              // rows carry sign bits and a residual norm
-  std::size_t sign_bytes = 0;    // per row: ceil(head_dim / 8) when qjl
+  unsigned bits = 0;                   // codebook bits per coordinate (8 for int8)
+  std::size_t code_bytes = 0;          // per row: ceil(head_dim · bits / 8), LSB-first bit stream
+  bool qjl = false;                    // rows carry sign bits and a residual norm
+  std::size_t sign_bytes = 0;          // per row: ceil(head_dim / 8) when qjl
   const float* centroids = nullptr;    // 2^bits levels (turboquant)
   const float* rotations = nullptr;    // [heads][rotation_floats] states (turboquant)
   std::size_t rotation_floats = 0;     // head_dim (Hadamard) or head_dim² per head
@@ -189,8 +189,7 @@ class compressed_kv_cache_store : public slotted_kv_cache_store {
                                       const slot_runs& slots) const = 0;
 
  private:
-  compressed_window window(kv_side side, std::size_t layer, std::size_t from,
-                           std::size_t to) const;
+  compressed_window window(kv_side side, std::size_t layer, std::size_t from, std::size_t to) const;
   void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
             std::span<float> out) const;
 };

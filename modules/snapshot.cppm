@@ -4,8 +4,9 @@
 // everything), and loads that refuse anything wrong with the byte offset where it is, never
 // returning a half-built store. Its own module because it names every store kind, the
 // compressed ones included, which ringkv.store cannot import; ringkv.store declares save, load
-// and replace_file (DESIGN's table has them there) and defines them over this module's
-// save_snapshot and load_snapshot (src/snapshot/snapshot_file.cpp, a ringkv.store unit that imports it).
+// and replace_file (docs/design.md lists them there) and defines them over this module's
+// save_snapshot and load_snapshot (src/snapshot/snapshot_file.cpp, a ringkv.store unit that
+// imports it).
 module;
 #include <cstddef>
 #include <cstdint>

@@ -21,7 +21,7 @@ export import ringkv.window;
 export namespace ringkv {
 
 namespace detail {
-/// Restricted: defined only by ringkv's snapshot code (src/snapshot_*.cpp), one specialization
+/// Restricted: defined only by ringkv's snapshot code (src/snapshot/), one specialization
 /// per store kind, so `load` can restore a store's slots and counters as they were saved. Stores
 /// befriend it; importers see no definition and have no use for it.
 template <class Store>
@@ -306,7 +306,7 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
 
 export namespace ringkv {
 
-// Snapshots (the format and its loader: ringkv.snapshot, src/snapshot*.cpp).
+// Snapshots (the format and its loader: ringkv.snapshot, src/snapshot/).
 
 /// A snapshot that cannot be loaded: what is wrong and the byte offset of the field (or of the
 /// end of the data, for a truncated file) where it was found. Nothing was built.
@@ -339,14 +339,13 @@ void save(const kv_cache_store& store, const std::filesystem::path& path);
 /// O(file). Throws snapshot_error (with offset()) for wrong magic, a newer version, a truncated
 /// stream, a checksum mismatch, config or options out of range, lengths inconsistent with the
 /// capacity, or a store that would take more than `max_store_bytes` of buffers.
-std::unique_ptr<kv_cache_store> load(std::istream& in, trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
+std::unique_ptr<kv_cache_store> load(
+    std::istream& in, trace::sink& sink = trace::null_sink(),
+    std::size_t max_store_bytes = std::numeric_limits<std::size_t>::max());
 /// As load(std::istream&), from a file (std::system_error when it cannot be opened).
-std::unique_ptr<kv_cache_store> load(const std::filesystem::path& path,
-                                     trace::sink& sink = trace::null_sink(),
-                                     std::size_t max_store_bytes =
-                                         std::numeric_limits<std::size_t>::max());
+std::unique_ptr<kv_cache_store> load(
+    const std::filesystem::path& path, trace::sink& sink = trace::null_sink(),
+    std::size_t max_store_bytes = std::numeric_limits<std::size_t>::max());
 
 /// Replaces `path` atomically: `write` fills a new temporary file in the same folder, which is
 /// then flushed, fsync'ed and renamed over `path` (and the folder fsync'ed). If `write` throws or

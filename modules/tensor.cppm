@@ -113,8 +113,8 @@ class tensor_view {
   }
 
   // `inline` on purpose: in a named module a member defined in its class is not implicitly
-  // inline, and clang did not inline these into importers (each a call: ~5 % of a D 64 /
-  // W 16 decode step's 1.6 µs, with windowed_kv's; see bench/README, session 31).
+  // inline, and clang called these across the module boundary: with windowed_kv's, ~5 % of a
+  // D 64 / W 16 step on the 2 MiB-L2 Xeon (attention_bench, RINGKV_BENCH_WINDOWS=16, pair).
   inline std::byte* data() const noexcept { return data_; }
   inline dtype type() const noexcept { return type_; }
   inline std::size_t heads() const noexcept { return heads_; }
@@ -140,8 +140,9 @@ class tensor_view {
   std::span<T> row(std::size_t h, std::size_t p) const {
 #ifndef NDEBUG
     if (sizeof(T) != size_of(type_))
-      throw std::invalid_argument("ringkv::tensor_view::row: element type size does not match dtype " +
-                                  std::string(name_of(type_)));
+      throw std::invalid_argument(
+          "ringkv::tensor_view::row: element type size does not match dtype " +
+          std::string(name_of(type_)));
 #endif
     return {reinterpret_cast<T*>(row_bytes(h, p)), head_dim_};
   }
@@ -188,7 +189,8 @@ class scope {
   std::size_t capacity() const noexcept;
 
  private:
-  static constexpr std::size_t max_slabs = 16;  // geometric growth: slab k is >= 2^k times the first
+  static constexpr std::size_t max_slabs =
+      16;  // geometric growth: slab k is >= 2^k times the first
   std::array<storage, max_slabs> slabs_;
   std::size_t current_ = 0;  // slab being bumped
   std::size_t offset_ = 0;   // bump offset inside slabs_[current_]

@@ -108,9 +108,7 @@ class recorder final : public sink {
     return ranges::views::concat(older, newer);
   }
   /// The held events oldest-first as a range of `const event&`; O(1) to build.
-  auto events() const {
-    return stamped() | ranges::views::transform(detail::event_of{});
-  }
+  auto events() const { return stamped() | ranges::views::transform(detail::event_of{}); }
   /// Only the events of type E, as a range of `const E&`; O(1) to build.
   template <class E>
   auto of() const {

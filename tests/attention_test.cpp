@@ -93,7 +93,9 @@ class ring_fixture {
   }
   std::size_t length() const { return length_; }
   /// The oldest ring position still held.
-  std::size_t oldest() const { return std::max(keep_, length_ - std::min(length_, capacity_ - keep_)); }
+  std::size_t oldest() const {
+    return std::max(keep_, length_ - std::min(length_, capacity_ - keep_));
+  }
   bool wraps() const { return length_ > capacity_; }
 
   float* row(kind k, std::size_t p, std::size_t h) {
@@ -291,7 +293,8 @@ BOOST_AUTO_TEST_CASE(decode_matches_a_double_reference_for_every_shape_and_windo
           const double e = ref.relative_error(out);
           errors.add(target, e);
           // 2e-6: see relative_error (observed max 6.4e-7 here).
-          BOOST_TEST(e <= 2e-6, target << " D " << dim << " heads " << hs.q << "/" << hs.kv << " W " << w);
+          BOOST_TEST(e <= 2e-6,
+                     target << " D " << dim << " heads " << hs.q << "/" << hs.kv << " W " << w);
         });
       }
     }
@@ -401,7 +404,7 @@ BOOST_AUTO_TEST_CASE(a_query_at_p_sees_exactly_keys_p_minus_w_plus_1_to_p) {
   std::vector<float> out(dim);
   attention.decode_step(query, ring.keys(p - w + 1, p + 1), ring.values(p - w + 1, p + 1), out);
   BOOST_TEST_MESSAGE("W 20 inside the window: relative error " << inside.relative_error(out));
-  BOOST_TEST(inside.relative_error(out) <= 2e-6);  // see relative_error
+  BOOST_TEST(inside.relative_error(out) <= 2e-6);      // see relative_error
   for (float x : out) BOOST_TEST(std::abs(x) < 2.0f);  // one outside row would make it ≈ 1000
 
   // And the rule is not vacuous: one more position (p − W) changes the answer completely.
@@ -467,7 +470,8 @@ BOOST_AUTO_TEST_CASE(a_cache_sysfs_does_not_list_or_cannot_size_counts_as_unknow
   BOOST_TEST(sysfs_cache_bytes(no_l3.path() + "/missing", 2) == 0u);
 }
 
-BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
+BOOST_AUTO_TEST_CASE(
+    a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_and_pipelines_one_from_memory) {
   using ringkv::simd::prefetch_walk;
   const cache_kind_override as(ringkv::simd::cache_kind::large_l3);
   for (const std::size_t threads : {1, 2}) {
@@ -498,7 +502,8 @@ BOOST_AUTO_TEST_CASE(a_large_l3_machine_reads_a_step_from_its_l3_unprefetched_an
   BOOST_TEST(plan_of(8, 8, 64, 256, 1).block == 32u);
 }
 
-BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_over_the_reads_of_16_or_32) {
+BOOST_AUTO_TEST_CASE(
+    a_large_l2_machine_takes_blocks_of_64_from_256_positions_over_the_reads_of_16_or_32) {
   // f32 rows. A small_l2 machine takes blocks of 32 while a kv head's K and V take at most
   // 1 MiB (4 MiB with GQA), else 16; a large_l2 one takes 64 wherever the window holds 256
   // positions or more, but 32 with GQA, a kv head past 16 MiB and rows past 256 bytes. Every
@@ -512,23 +517,23 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_ov
     std::size_t q, kv, dim, w, threads, small_block, large_block;
   };
   const shape shapes[] = {
-      {8, 8, 64, 256, 1, 32, 64},       // 128 KiB a kv head
-      {8, 2, 128, 4096, 1, 32, 64},     // 4 MiB a kv head, GQA 4
-      {8, 8, 64, 4096, 2, 16, 64},      // 2 MiB a kv head, GQA 1
-      {8, 2, 64, 14336, 1, 16, 64},     // 14 MiB, the dense walk
-      {8, 8, 128, 8192, 2, 16, 64},     // 32 MiB a thread, pipelined
-      {8, 8, 64, 32768, 1, 16, 64},     // 128 MiB, pipelined short rows
-      {8, 2, 128, 32768, 2, 16, 32},    // 32 MiB a thread and a kv head, the spaced walk
-      {8, 2, 128, 32768, 1, 16, 32},    // 64 MiB a thread, 32 MiB a kv head
-      {8, 2, 128, 16384, 1, 16, 64},    // 16 MiB a kv head
-      {8, 2, 64, 32768, 1, 16, 64},     // 16 MiB a kv head of 256-byte rows
-      {8, 1, 64, 65536, 1, 16, 64},     // 64 MiB a kv head of 256-byte rows
-      {8, 2, 2048, 1100, 1, 16, 32},    // 17.2 MiB a kv head, 8 KiB rows
-      {8, 8, 64, 255, 1, 32, 32},       // under 256 positions
-      {8, 8, 2048, 255, 1, 16, 16}};    // under 256 positions, 2 MiB a kv head
+      {8, 8, 64, 256, 1, 32, 64},     // 128 KiB a kv head
+      {8, 2, 128, 4096, 1, 32, 64},   // 4 MiB a kv head, GQA 4
+      {8, 8, 64, 4096, 2, 16, 64},    // 2 MiB a kv head, GQA 1
+      {8, 2, 64, 14336, 1, 16, 64},   // 14 MiB, the dense walk
+      {8, 8, 128, 8192, 2, 16, 64},   // 32 MiB a thread, pipelined
+      {8, 8, 64, 32768, 1, 16, 64},   // 128 MiB, pipelined short rows
+      {8, 2, 128, 32768, 2, 16, 32},  // 32 MiB a thread and a kv head, the spaced walk
+      {8, 2, 128, 32768, 1, 16, 32},  // 64 MiB a thread, 32 MiB a kv head
+      {8, 2, 128, 16384, 1, 16, 64},  // 16 MiB a kv head
+      {8, 2, 64, 32768, 1, 16, 64},   // 16 MiB a kv head of 256-byte rows
+      {8, 1, 64, 65536, 1, 16, 64},   // 64 MiB a kv head of 256-byte rows
+      {8, 2, 2048, 1100, 1, 16, 32},  // 17.2 MiB a kv head, 8 KiB rows
+      {8, 8, 64, 255, 1, 32, 32},     // under 256 positions
+      {8, 8, 2048, 255, 1, 16, 16}};  // under 256 positions, 2 MiB a kv head
   for (const shape& s : shapes) {
-    const std::string where = "shape " + std::to_string(s.q) + "/" + std::to_string(s.kv) +
-                              " D " + std::to_string(s.dim) + " W " + std::to_string(s.w);
+    const std::string where = "shape " + std::to_string(s.q) + "/" + std::to_string(s.kv) + " D " +
+                              std::to_string(s.dim) + " W " + std::to_string(s.w);
     ringkv::simd::problem small, large;
     {
       const cache_kind_override as(cache_kind::small_l2);
@@ -549,7 +554,8 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_takes_blocks_of_64_from_256_positions_ov
   BOOST_TEST(plan_of(8, 8, 128, 32768, 2).pipelined);
 }
 
-BOOST_AUTO_TEST_CASE(a_large_l2_machine_prefetches_a_kv_head_a_query_head_only_past_16_mib_a_thread) {
+BOOST_AUTO_TEST_CASE(
+    a_large_l2_machine_prefetches_a_kv_head_a_query_head_only_past_16_mib_a_thread) {
   // One query head a kv head, four kv heads side by side: on a large_l2 machine no software
   // prefetch up to 16 MiB a thread (rows in its L3), the spaced walk past; f32 or f16 rows. A
   // small_l2 machine walks from 8 MiB; with GQA both keep the dense walk from 12 MiB.
@@ -562,10 +568,10 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_prefetches_a_kv_head_a_query_head_only_p
       const auto p = plan_of(8, 8, 64, w, 1);
       BOOST_TEST((p.prefetch == prefetch_walk::none && p.side_by_side && !p.pipelined), w);
     }
-    BOOST_TEST((plan_of(8, 8, 64, 4200, 1).prefetch == prefetch_walk::spaced));   // 16.4 MiB
-    BOOST_TEST((plan_of(8, 8, 64, 5120, 1).prefetch == prefetch_walk::spaced));   // 20 MiB
-    BOOST_TEST((plan_of(8, 8, 64, 8192, 2).prefetch == prefetch_walk::none));     // 16 MiB each
-    const auto half = plan_of(8, 8, 128, 3584, 1, element::f16);                  // 14 MiB
+    BOOST_TEST((plan_of(8, 8, 64, 4200, 1).prefetch == prefetch_walk::spaced));  // 16.4 MiB
+    BOOST_TEST((plan_of(8, 8, 64, 5120, 1).prefetch == prefetch_walk::spaced));  // 20 MiB
+    BOOST_TEST((plan_of(8, 8, 64, 8192, 2).prefetch == prefetch_walk::none));    // 16 MiB each
+    const auto half = plan_of(8, 8, 128, 3584, 1, element::f16);                 // 14 MiB
     BOOST_TEST((half.prefetch == prefetch_walk::none && half.side_by_side && !half.pipelined));
     BOOST_TEST((plan_of(8, 2, 64, 14336, 1).prefetch == prefetch_walk::dense));   // 14 MiB, GQA
     BOOST_TEST((plan_of(8, 2, 128, 8192, 1).prefetch == prefetch_walk::spaced));  // 16 MiB, GQA
@@ -586,11 +592,11 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_half_rows_pipelined_from_16_mib_a_
       const cache_kind_override as(cache_kind::large_l2);
       const auto p = plan_of(8, 8, 128, 4096, 1, half);  // 16 MiB
       BOOST_TEST((p.pipelined && !p.side_by_side && p.block == 64u));
-      BOOST_TEST(plan_of(8, 8, 64, 32768, 2, half).pipelined);   // 32 MiB a thread, 128-byte rows
+      BOOST_TEST(plan_of(8, 8, 64, 32768, 2, half).pipelined);  // 32 MiB a thread, 128-byte rows
       BOOST_TEST(plan_of(8, 8, 128, 32768, 1, half).pipelined);
-      BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);  // 8 MiB a thread
-      BOOST_TEST(!plan_of(8, 8, 64, 6144, 1, half).pipelined);   // 12 MiB
-      BOOST_TEST(!plan_of(8, 8, 32, 65536, 1, half).pipelined);  // 64-byte rows
+      BOOST_TEST(!plan_of(8, 8, 128, 4096, 2, half).pipelined);   // 8 MiB a thread
+      BOOST_TEST(!plan_of(8, 8, 64, 6144, 1, half).pipelined);    // 12 MiB
+      BOOST_TEST(!plan_of(8, 8, 32, 65536, 1, half).pipelined);   // 64-byte rows
       BOOST_TEST(!plan_of(8, 2, 128, 32768, 1, half).pipelined);  // GQA 4
     }
     const cache_kind_override as(cache_kind::small_l2);
@@ -612,8 +618,8 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_short_half_rows_pipelined_without_
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 1), prefetch_walk::spaced));   // 64 MiB
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 32768, 2), prefetch_walk::spaced));  // 128 MiB each
     BOOST_TEST(pipelined(plan_of(8, 8, 130, 8192, 1), prefetch_walk::spaced));   // 520-byte rows
-    BOOST_TEST(pipelined(plan_of(8, 8, 128, 4096, 1), prefetch_walk::spaced));  // 32 MiB
-    BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 2), prefetch_walk::spaced));  // 32 MiB each
+    BOOST_TEST(pipelined(plan_of(8, 8, 128, 4096, 1), prefetch_walk::spaced));   // 32 MiB
+    BOOST_TEST(pipelined(plan_of(8, 8, 128, 8192, 2), prefetch_walk::spaced));   // 32 MiB each
     // 16 MiB each: prefetch_walk_for says none below 16 MiB, the pipelined read keeps its walk.
     BOOST_TEST(pipelined(plan_of(8, 8, 128, 4096, 2), prefetch_walk::spaced));
     BOOST_TEST(pipelined(plan_of(8, 8, 64, 32768, 1), prefetch_walk::spaced));  // 256-byte rows
@@ -629,9 +635,10 @@ BOOST_AUTO_TEST_CASE(a_large_l2_machine_reads_short_half_rows_pipelined_without_
   BOOST_TEST(pipelined(plan_of(8, 8, 128, 2048, 2), prefetch_walk::spaced));  // 8 MiB each
 }
 
-// ---- determinism (M2-A4) ----------------------------------------------------------------------
+// ---- determinism ------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
+BOOST_AUTO_TEST_CASE(
+    a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bits_at_every_wrap_point) {
   // A capacity-37 ring after several laps against a cache that holds every position in one run:
   // for each of the 37 wrap points and several W (within one block, across blocks, the whole
   // ring), the outputs are equal bit for bit, on every target. Three geometries: 8 heads over 2
@@ -658,14 +665,16 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_and_a_never_wrapped_cache_give_identical_bit
         for_each_target([&](const char* target) {
           attention.decode_step(query, rk, rv, a, 0.0f, sinks);
           attention.decode_step(query, fk, fv, b, 0.0f, sinks);
-          BOOST_TEST(same_bits(a, b), target << " heads " << hs.q << "/" << hs.kv << " end " << end << " W " << w);
+          BOOST_TEST(same_bits(a, b),
+                     target << " heads " << hs.q << "/" << hs.kv << " end " << end << " W " << w);
           ++compared;
         });
       }
     }
   }
   BOOST_TEST(wrapped > 300u);  // most windows straddle the ring's end
-  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
+  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared
+                                                   << ", of windows wrapped: " << wrapped);
 }
 
 BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_never_wrapped_cache) {
@@ -704,10 +713,10 @@ BOOST_AUTO_TEST_CASE(blocks_of_64_positions_give_a_wrapped_ring_the_bits_of_a_ne
             plain.decode_step(query, rk, rv, a, 0.0f, sinks);
             plain.decode_step(query, fk, fv, b, 0.0f, sinks);
             pooled.decode_step(query, rk, rv, c, 0.0f, sinks);
-            const std::string where =
-                std::string(target) + " kind " + std::to_string(int(kind)) + " heads " +
-                std::to_string(hs.q) + "/" + std::to_string(hs.kv) + " W " + std::to_string(w) +
-                " end " + std::to_string(end);
+            const std::string where = std::string(target) + " kind " + std::to_string(int(kind)) +
+                                      " heads " + std::to_string(hs.q) + "/" +
+                                      std::to_string(hs.kv) + " W " + std::to_string(w) + " end " +
+                                      std::to_string(end);
             BOOST_TEST(same_bits(a, b), where);
             BOOST_TEST(same_bits(a, c), where);
             BOOST_TEST(ref.relative_error(a) <= 2e-6, where);  // see relative_error
@@ -758,7 +767,8 @@ windowed_kv joined(const windowed_kv& first, const windowed_kv& second) {
   std::array<kv_run, 3> runs{};
   std::size_t n = 0;
   for (const windowed_kv* w : {&first, &second})
-    for (std::size_t r = 0; r < w->runs().size(); ++r) runs[n++] = {w->runs()[r], w->run_first_position(r)};
+    for (std::size_t r = 0; r < w->runs().size(); ++r)
+      runs[n++] = {w->runs()[r], w->run_first_position(r)};
   return windowed_kv(std::span<const kv_run>(runs.data(), n));
 }
 }  // namespace
@@ -790,9 +800,10 @@ BOOST_AUTO_TEST_CASE(runs_whose_kv_heads_lie_at_other_distances_give_the_bits_of
 }
 
 BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_identical_bits) {
-  // M2-A4 with ringkv.store: default_kv_cache_store as a capacity-37 ring (without and with 3
-  // pinned sinks) after several laps, against a dense store holding every position; windows from
-  // key_window/value_window (zero-copy runs), every wrap point, several W, every target.
+  // The determinism check with ringkv.store: default_kv_cache_store as a capacity-37 ring (without
+  // and with 3 pinned sinks) after several laps, against a dense store holding every position;
+  // windows from key_window/value_window (zero-copy runs), every wrap point, several W, every
+  // target.
   const windowed_attention attention;
   constexpr std::size_t kv = 2, q = 8, dim = 44;
   const auto query = make_query(q, dim, 21);
@@ -800,9 +811,11 @@ BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_id
   std::vector<float> a(q * dim), b(q * dim);
   std::size_t wrapped = 0;
   for (std::size_t keep : {0, 3}) {
-    ringkv::default_kv_cache_store ring({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37},
-                                        {.sliding_window = true, .keep = keep});
-    ringkv::default_kv_cache_store flat({.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37 * 6});
+    ringkv::default_kv_cache_store ring(
+        {.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37},
+        {.sliding_window = true, .keep = keep});
+    ringkv::default_kv_cache_store flat(
+        {.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = 37 * 6});
     for (std::size_t p = 0; p < 37 * 4; ++p) {
       append_position(ring, p);
       append_position(flat, p);
@@ -813,11 +826,14 @@ BOOST_AUTO_TEST_CASE(a_store_ring_that_wrapped_and_a_never_wrapped_store_give_id
       for (std::size_t w : {1, 5, 16, 17, 30, 34}) {
         const std::size_t from = end + 1 - w;
         BOOST_REQUIRE(ring.holds(0, from, end + 1));
-        const windowed_kv rk = ring.key_window(0, from, end + 1), rv = ring.value_window(0, from, end + 1);
-        const windowed_kv fk = keep ? joined(flat.key_window(0, 0, keep), flat.key_window(0, from, end + 1))
-                                    : flat.key_window(0, from, end + 1);
-        const windowed_kv fv = keep ? joined(flat.value_window(0, 0, keep), flat.value_window(0, from, end + 1))
-                                    : flat.value_window(0, from, end + 1);
+        const windowed_kv rk = ring.key_window(0, from, end + 1),
+                          rv = ring.value_window(0, from, end + 1);
+        const windowed_kv fk =
+            keep ? joined(flat.key_window(0, 0, keep), flat.key_window(0, from, end + 1))
+                 : flat.key_window(0, from, end + 1);
+        const windowed_kv fv =
+            keep ? joined(flat.value_window(0, 0, keep), flat.value_window(0, from, end + 1))
+                 : flat.value_window(0, from, end + 1);
         BOOST_REQUIRE(rk.length() == fk.length());
         wrapped += rk.wrapped();
         for_each_target([&](const char* target) {
@@ -848,7 +864,9 @@ BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_ri
     std::vector<float> max, sum, acc;
     kernels::softmax_state view() { return {max, sum, acc}; }
   };
-  auto fresh = [&] { return state{std::vector<float>(q), std::vector<float>(q), std::vector<float>(q * dim)}; };
+  auto fresh = [&] {
+    return state{std::vector<float>(q), std::vector<float>(q), std::vector<float>(q * dim)};
+  };
   for_each_target([&](const char* target) {
     attention.decode_step(query, k, v, expected, 0.0f, sinks);
     std::vector<state> parts;
@@ -867,7 +885,8 @@ BOOST_AUTO_TEST_CASE(decode_equals_segments_attended_apart_and_merged_left_to_ri
     kernels::clear(split.view());
     kernels::attend(query, k, v, 0.0f, 4096, 5120, one.view());
     for (std::size_t p = 4096; p < 5120; p += 7 * kernels::block_positions)
-      kernels::attend(query, k, v, 0.0f, p, std::min<std::size_t>(p + 7 * kernels::block_positions, 5120), split.view());
+      kernels::attend(query, k, v, 0.0f, p,
+                      std::min<std::size_t>(p + 7 * kernels::block_positions, 5120), split.view());
     BOOST_TEST(same_bits(one.acc, split.acc), target);
     BOOST_TEST(same_bits(one.sum, split.sum), target);
   });
@@ -882,8 +901,8 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
     std::size_t kv, q, dim, from, to;
   };
   const windowed_attention attention;
-  for (const heads& hs : {heads{2, 8, 24, 80, 120}, heads{8, 8, 24, 80, 120},
-                          heads{6, 6, 40, 1500, 2600}}) {
+  for (const heads& hs :
+       {heads{2, 8, 24, 80, 120}, heads{8, 8, 24, 80, 120}, heads{6, 6, 40, 1500, 2600}}) {
     ring_fixture ring(hs.kv, hs.dim, hs.to - hs.from + 10);
     ring.append_until(hs.to);
     const auto query = make_query(hs.q, hs.dim, 14);
@@ -899,7 +918,8 @@ BOOST_AUTO_TEST_CASE(each_query_head_of_a_group_reads_its_kv_head_as_alone) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_bits_read_in_blocks) {
+BOOST_AUTO_TEST_CASE(
+    a_step_read_row_by_row_past_the_caches_gives_each_head_its_bits_read_in_blocks) {
   // Planned as on the Zen 3 (a 512 KiB L2): one query head per kv head, f32 rows of at least
   // 512 bytes and at least 12 MiB of K and V (past prefetch_min_bytes: 8 MiB), or rows of
   // 256 bytes and more than 16 MiB: the kernel reads each head's rows pipelined (the next
@@ -914,8 +934,8 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   };
   constexpr std::size_t kv = 8, end = 5000;
   const windowed_attention attention;
-  for (const layout& l : {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600},
-                          layout{64, 0, 4200}}) {
+  for (const layout& l :
+       {layout{128, 0, 1600}, layout{130, 0, 1600}, layout{130, 5, 1600}, layout{64, 0, 4200}}) {
     const std::size_t w = l.w;
     ring_fixture ring(kv, l.dim, w + l.keep + 7, l.keep);
     ring.append_until(end);
@@ -937,9 +957,9 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
       BOOST_REQUIRE(plan.block == (kind == cache_kind::large_l2 ? 64u : 16u));
       for_each_target([&](const char* target) {
         attention.decode_step(query, k, v, all);
-        const std::string where = std::string(target) + ", kind " +
-                                  std::to_string(int(kind)) + ", D " + std::to_string(l.dim) +
-                                  ", keep " + std::to_string(l.keep);
+        const std::string where = std::string(target) + ", kind " + std::to_string(int(kind)) +
+                                  ", D " + std::to_string(l.dim) + ", keep " +
+                                  std::to_string(l.keep);
         BOOST_TEST(ref.relative_error(all) <= 2e-6, where);  // see relative_error
         expect_each_head_as_alone(attention, query, k, v, all, where);
       });
@@ -947,7 +967,8 @@ BOOST_AUTO_TEST_CASE(a_step_read_row_by_row_past_the_caches_gives_each_head_its_
   }
 }
 
-BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
+BOOST_AUTO_TEST_CASE(
+    a_head_gets_its_own_bits_alone_or_among_others_on_either_side_of_the_cached_limit) {
   // Planned as on the Zen 3, the softmax's blocks are 32 positions while one kv head's K and V
   // take at most 1 MiB (4 MiB when query heads share them), 16 past that. W 2048 at D 64 is
   // 1 MiB a head exactly, W 2049 just past it; 8 kv heads make 8 MiB (read without software
@@ -977,9 +998,9 @@ BOOST_AUTO_TEST_CASE(a_head_gets_its_own_bits_alone_or_among_others_on_either_si
       pooled.decode_step(query, k, v, split);
       BOOST_TEST(ref.relative_error(all) <= 2e-6, target << " W " << w << " kind " << int(kind));
       BOOST_TEST(same_bits(split, all), target << " W " << w << " kind " << int(kind));
-      expect_each_head_as_alone(plain, query, k, v, all,
-                                std::string(target) + ", W " + std::to_string(w) + ", kind " +
-                                    std::to_string(int(kind)));
+      expect_each_head_as_alone(
+          plain, query, k, v, all,
+          std::string(target) + ", W " + std::to_string(w) + ", kind " + std::to_string(int(kind)));
     });
   }
 }
@@ -1015,8 +1036,8 @@ BOOST_AUTO_TEST_CASE(a_head_dim_of_64_or_128_gives_the_bits_of_one_more_element_
       for_each_target([&](const char* target) {
         attention.decode_step(query, narrow.keys(end - w, end), narrow.values(end - w, end), out,
                               0.125f);
-        attention.decode_step(padded, wide.keys(end - w, end), wide.values(end - w, end),
-                              out_wide, 0.125f);
+        attention.decode_step(padded, wide.keys(end - w, end), wide.values(end - w, end), out_wide,
+                              0.125f);
         for (std::size_t h = 0; h < q; ++h)
           std::copy_n(out_wide.begin() + h * (dim + 1), dim, cut.begin() + h * dim);
         BOOST_TEST(same_bits(out, cut), target << " D " << dim << " kv " << kv);
@@ -1125,13 +1146,13 @@ struct bad_inputs {
   windowed_kv k() { return ring.keys(20, 40); }
   windowed_kv v() { return ring.values(20, 40); }
   windowed_kv f16() {
-    return windowed_kv(tensor_view::contiguous(reinterpret_cast<std::byte*>(halves.data()),
-                                               dtype::f16, 2, 20, 8),
-                       20);
+    return windowed_kv(
+        tensor_view::contiguous(reinterpret_cast<std::byte*>(halves.data()), dtype::f16, 2, 20, 8),
+        20);
   }
   windowed_kv too_wide() {
-    return windowed_kv(tensor_view::contiguous(reinterpret_cast<std::byte*>(wide.data()), dtype::f32,
-                                               2, 20, kernels::max_head_dim + 1),
+    return windowed_kv(tensor_view::contiguous(reinterpret_cast<std::byte*>(wide.data()),
+                                               dtype::f32, 2, 20, kernels::max_head_dim + 1),
                        20);
   }
 };
@@ -1165,24 +1186,42 @@ BOOST_AUTO_TEST_CASE(each_bad_argument_is_refused_by_name_with_out_untouched) {
           a.decode_step(q, k, v, out, scale, sinks);
       };
       const std::string_view name = gathered ? "decode_step_gathered" : "decode_step";
-      refused(in, [&] { step(in.query, windowed_kv(), windowed_kv(), in.out); }, {name.data(), "window is empty"});
-      refused(in, [&] { step(in.query, in.k(), in.ring.values(21, 40), in.out); }, {"keys hold 20", "values hold 19"});
-      refused(in, [&] { step(in.query, in.k(), in.ring.values(19, 39), in.out); }, {"keys start at position 20", "values start at 19"});
-      refused(in, [&] { step(in.query, in.pinned.keys(22, 40, true), in.pinned.values(20, 40), in.out); },
-              {"values start at 20"});
-      refused(in, [&] { step(in.query, in.k(), in.other_heads.values(20, 40), in.out); }, {"keys are [2 heads", "values are [1 heads"});
-      refused(in, [&] { step(in.query, in.k(), in.other_dim.values(20, 40), in.out); }, {"head_dim 8", "head_dim 4"});
-      refused(in, [&] { step(in.query, in.k(), in.f16(), in.out); }, {"keys are f32", "values are f16"});
-      refused(in, [&] { step(in.query, in.too_wide(), in.too_wide(), in.out); }, {"head_dim 2049", "max_head_dim 2048"});
-      refused(in, [&] { step(std::span(in.query).first(30), in.k(), in.v(), std::span(in.out).first(30)); },
-              {"query has 30 floats", "multiple of head_dim 8"});
-      refused(in, [&] { step(std::span(in.query).first(24), in.k(), in.v(), std::span(in.out).first(24)); },
-              {"q_heads 3", "multiple of kv_heads 2"});
-      refused(in, [&] { step(in.query, in.k(), in.v(), std::span(in.out).first(24)); }, {"out has 24", "query has 32"});
-      refused(in, [&] { step(std::span(in.out).first(32), in.k(), in.v(), in.out); }, {"out overlaps query"});
-      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, three_sinks); }, {"sinks has 3", "q_heads = 4"});
-      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, nan_sink); }, {"sinks[2] is NaN"});
-      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, -1.0f); }, {"scale -1", "finite and >= 0"});
+      refused(in, [&] { step(in.query, windowed_kv(), windowed_kv(), in.out); },
+              {name.data(), "window is empty"});
+      refused(in, [&] { step(in.query, in.k(), in.ring.values(21, 40), in.out); },
+              {"keys hold 20", "values hold 19"});
+      refused(in, [&] { step(in.query, in.k(), in.ring.values(19, 39), in.out); },
+              {"keys start at position 20", "values start at 19"});
+      refused(
+          in,
+          [&] { step(in.query, in.pinned.keys(22, 40, true), in.pinned.values(20, 40), in.out); },
+          {"values start at 20"});
+      refused(in, [&] { step(in.query, in.k(), in.other_heads.values(20, 40), in.out); },
+              {"keys are [2 heads", "values are [1 heads"});
+      refused(in, [&] { step(in.query, in.k(), in.other_dim.values(20, 40), in.out); },
+              {"head_dim 8", "head_dim 4"});
+      refused(in, [&] { step(in.query, in.k(), in.f16(), in.out); },
+              {"keys are f32", "values are f16"});
+      refused(in, [&] { step(in.query, in.too_wide(), in.too_wide(), in.out); },
+              {"head_dim 2049", "max_head_dim 2048"});
+      refused(
+          in,
+          [&] { step(std::span(in.query).first(30), in.k(), in.v(), std::span(in.out).first(30)); },
+          {"query has 30 floats", "multiple of head_dim 8"});
+      refused(
+          in,
+          [&] { step(std::span(in.query).first(24), in.k(), in.v(), std::span(in.out).first(24)); },
+          {"q_heads 3", "multiple of kv_heads 2"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), std::span(in.out).first(24)); },
+              {"out has 24", "query has 32"});
+      refused(in, [&] { step(std::span(in.out).first(32), in.k(), in.v(), in.out); },
+              {"out overlaps query"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, three_sinks); },
+              {"sinks has 3", "q_heads = 4"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, 0.0f, nan_sink); },
+              {"sinks[2] is NaN"});
+      refused(in, [&] { step(in.query, in.k(), in.v(), in.out, -1.0f); },
+              {"scale -1", "finite and >= 0"});
       refused(in, [&] { step(in.query, in.k(), in.v(), in.out, std::nanf("")); }, {"scale nan"});
       refused(in, [&] { step(in.query, in.k(), in.v(), in.out, INFINITY); }, {"scale inf"});
       BOOST_TEST(arena.live() == 0u);  // the gather path refuses before copying
@@ -1196,8 +1235,10 @@ BOOST_AUTO_TEST_CASE(windows_with_the_same_length_and_start_but_other_positions_
   const windowed_attention a;
   const windowed_kv k = in.pinned.keys(22, 40, true);  // [0, 2) + [22, 40)
   const windowed_kv v = in.pinned.values(22, 40, true);
-  std::array<kv_run, 3> same_len{{{v.runs()[0], 0}, {v.runs()[1].slice(0, 1), 22}, {v.runs()[1].slice(1, 17), 24}}};
-  const windowed_kv other(std::span<const kv_run>(same_len.data(), 3));  // [0,2) + [22,23) + [24,41)
+  std::array<kv_run, 3> same_len{
+      {{v.runs()[0], 0}, {v.runs()[1].slice(0, 1), 22}, {v.runs()[1].slice(1, 17), 24}}};
+  const windowed_kv other(
+      std::span<const kv_run>(same_len.data(), 3));  // [0,2) + [22,23) + [24,41)
   BOOST_REQUIRE(other.length() == k.length());
   refused(in, [&] { a.decode_step(in.query, k, other, in.out); },
           {"keys cover positions [0, 2) + [22, 40)", "values cover [0, 2) + [22, 23) + [24, 41)"});

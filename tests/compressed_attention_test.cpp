@@ -60,8 +60,8 @@ void fill(std::initializer_list<ringkv::kv_cache_store*> stores, std::size_t tok
 
 /// Plain double-precision softmax attention over f32 rows [kv_heads, n, d] (GQA).
 std::vector<double> reference(std::span<const float> q, std::span<const float> keys,
-                              std::span<const float> values, std::size_t kv_heads,
-                              std::size_t d, float scale) {
+                              std::span<const float> values, std::size_t kv_heads, std::size_t d,
+                              float scale) {
   const std::size_t q_heads = q.size() / d, n = keys.size() / (kv_heads * d);
   std::vector<double> out(q.size(), 0.0);
   for (std::size_t h = 0; h < q_heads; ++h) {
@@ -135,8 +135,8 @@ BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_
       fill({s.get()}, n, 3);
       std::mt19937 rng(9);
       const auto q = gaussian(rng, q_heads * d);
-      const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n),
-                                  kv_heads, d, 1.0f / std::sqrt(float(d)));
+      const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n), kv_heads,
+                                  d, 1.0f / std::sqrt(float(d)));
       for_each_target([&](const char* target) {
         const double e = relative_error(attend(*s, q, 0, n), want);
         BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) { BOOST_TEST(e < 2e-6); }
@@ -155,8 +155,8 @@ BOOST_AUTO_TEST_CASE(error_against_the_f32_store_falls_as_bits_grow) {
     const auto k0 = read_all(f32, true, 0, n);
     for (std::size_t h = 0; h < q_heads; ++h)
       for (std::size_t i = 0; i < d; ++i) q[h * d + i] += 2.0f * k0[(h / 4 * n + 17 * h) * d + i];
-    const auto want = reference(q, k0, read_all(f32, false, 0, n), kv_heads, d,
-                                1.0f / std::sqrt(float(d)));
+    const auto want =
+        reference(q, k0, read_all(f32, false, 0, n), kv_heads, d, 1.0f / std::sqrt(float(d)));
     double previous = INFINITY;
     for (const variant& v : variants) {
       auto s = v.make(shape(d, n, kv_heads), {});
@@ -209,7 +209,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_ring_gives_the_bits_of_a_never_wrapped_store) {
 BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_copy_nothing) {
   trace::recorder rec(64);
   const kv_cache_config c = shape(128, 64, 2);
-  turboquant_kv_cache_store s(c, {.key_bits = 4, .value_bits = 4, .qjl = true}, {.sliding_window = true, .keep = 4, .slack = 2}, rec);
+  turboquant_kv_cache_store s(c, {.key_bits = 4, .value_bits = 4, .qjl = true},
+                              {.sliding_window = true, .keep = 4, .slack = 2}, rec);
   fill({&s}, 150, 19);
   const ringkv::compressed_kv_attention attention({.sink = &rec});
   std::mt19937 rng(23);
@@ -242,10 +243,15 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
     BOOST_TEST((out == std::vector<float>(4 * 16, 7.0f)));
     BOOST_TEST((small == std::vector<float>(4 * 16 - 1, 7.0f)));
   };
-  refused([&] { a.decode_step(q, s.compressed_key_window(0, 0, 0), s.compressed_value_window(0, 0, 0), out); },
-          {"compressed_kv_attention", "empty"});
-  refused([&] { a.decode_step(q, k, s.compressed_value_window(0, 1, 6), out); }, {"same positions"});
-  refused([&] { a.decode_step(q, k, other.compressed_value_window(0, 0, 6), out); }, {"head_dim 8"});
+  refused(
+      [&] {
+        a.decode_step(q, s.compressed_key_window(0, 0, 0), s.compressed_value_window(0, 0, 0), out);
+      },
+      {"compressed_kv_attention", "empty"});
+  refused([&] { a.decode_step(q, k, s.compressed_value_window(0, 1, 6), out); },
+          {"same positions"});
+  refused([&] { a.decode_step(q, k, other.compressed_value_window(0, 0, 6), out); },
+          {"head_dim 8"});
   refused([&] { a.decode_step(q, v, k, out); }, {"QJL"});
   refused([&] { a.decode_step(std::span(q).first(3 * 16), k, v, std::span(out).first(3 * 16)); },
           {"q_heads 3", "kv_heads 2"});
@@ -257,7 +263,8 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
   std::vector<float> wq(512), wo(512, 7.0f);
   BOOST_CHECK_EXCEPTION(a.decode_step(wq, wide.compressed_key_window(0, 0, 1),
                                       wide.compressed_value_window(0, 0, 1), wo),
-                        std::invalid_argument,
-                        [](const auto& e) { return mentions(e, {"head_dim 512", "max_head_dim 256"}); });
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"head_dim 512", "max_head_dim 256"});
+                        });
   BOOST_TEST((wo == std::vector<float>(512, 7.0f)));
 }

@@ -32,8 +32,8 @@ struct token_data {
 
   token_data(std::size_t n, std::size_t q_heads, std::size_t kv_heads, std::size_t head_dim,
              unsigned seed)
-      : q_width(q_heads * head_dim), kv_width(kv_heads * head_dim), q(n * q_width),
-        k(n * kv_width), v(n * kv_width) {
+      : q_width(q_heads * head_dim), kv_width(kv_heads * head_dim), q(n * q_width), k(n * kv_width),
+        v(n * kv_width) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto* buf : {&q, &k, &v})
@@ -49,8 +49,8 @@ ringkv::default_kv_cache_store ring(std::size_t kv_heads, std::size_t head_dim,
                                     std::size_t capacity, trace::sink& sink = trace::null_sink(),
                                     std::size_t layers = 1) {
   return ringkv::default_kv_cache_store(
-      ringkv::kv_cache_config{.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim,
-                              .capacity = capacity},
+      ringkv::kv_cache_config{
+          .layers = layers, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = capacity},
       ringkv::store_options{.sliding_window = true}, sink);
 }
 
@@ -63,9 +63,11 @@ std::vector<float> read_all_keys(const ringkv::kv_cache_store& s, std::size_t la
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(the_stream_equals_a_hand_written_loop_of_append_and_decode_step_bit_for_bit) {
-  struct shape { std::size_t q_heads, kv_heads, head_dim, window; };
-  for (const shape sh : {shape{1, 1, 16, 5}, shape{8, 2, 32, 17}, shape{4, 4, 8, 1},
-                         shape{8, 1, 64, 33}}) {
+  struct shape {
+    std::size_t q_heads, kv_heads, head_dim, window;
+  };
+  for (const shape sh :
+       {shape{1, 1, 16, 5}, shape{8, 2, 32, 17}, shape{4, 4, 8, 1}, shape{8, 1, 64, 33}}) {
     const std::size_t n = 3 * sh.window + 11;  // wraps the ring of capacity `window` 3+ times
     token_data data(n, sh.q_heads, sh.kv_heads, sh.head_dim, 7);
     auto streamed = ring(sh.kv_heads, sh.head_dim, sh.window);
@@ -100,9 +102,12 @@ std::pair<std::size_t, std::size_t> rows_and_appends(Take take, std::size_t n) {
   return {rows, store.length(0)};
 }
 
-BOOST_AUTO_TEST_CASE(the_stream_composes_with_std_and_range_v3_take_and_appends_only_what_was_taken) {
+BOOST_AUTO_TEST_CASE(
+    the_stream_composes_with_std_and_range_v3_take_and_appends_only_what_was_taken) {
   const auto std_take = [](auto&& r, std::size_t n) { return std::move(r) | std::views::take(n); };
-  const auto v3_take = [](auto&& r, std::size_t n) { return std::move(r) | ranges::views::take(n); };
+  const auto v3_take = [](auto&& r, std::size_t n) {
+    return std::move(r) | ranges::views::take(n);
+  };
   for (std::size_t n : {1u, 5u, 12u}) {
     BOOST_TEST((rows_and_appends(std_take, n) == std::pair{n, n}));
     BOOST_TEST((rows_and_appends(v3_take, n) == std::pair{n, n}));
@@ -122,7 +127,8 @@ BOOST_AUTO_TEST_CASE(breaking_out_early_stops_appending) {
 
 BOOST_AUTO_TEST_CASE(the_tokens_can_come_from_another_generator) {
   token_data data(20, 2, 2, 4, 14);
-  auto source = [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
+  auto source =
+      [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
     for (const auto& t : all) co_yield t;
   }(data.tokens);
   auto store = ring(2, 4, 7);
@@ -133,9 +139,11 @@ BOOST_AUTO_TEST_CASE(the_tokens_can_come_from_another_generator) {
 
 // The stream's increments are lazy (see ringkv::generator): the step runs when the next row is
 // read, so that is where its exception comes out.
-BOOST_AUTO_TEST_CASE(an_exception_in_the_token_source_comes_out_of_the_step_and_the_store_keeps_what_it_had) {
+BOOST_AUTO_TEST_CASE(
+    an_exception_in_the_token_source_comes_out_of_the_step_and_the_store_keeps_what_it_had) {
   token_data data(10, 1, 1, 4, 15);
-  auto failing = [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
+  auto failing =
+      [](const std::vector<ringkv::token_qkv>& all) -> ringkv::generator<ringkv::token_qkv> {
     for (std::size_t i = 0; i < 4; ++i) co_yield all[i];
     throw std::runtime_error("tokenizer failed");
   }(data.tokens);
@@ -175,11 +183,10 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused_at_the_call) {
                           return std::string(e.what()).find("capacity - slack = 4") !=
                                  std::string::npos;
                         });
-  BOOST_CHECK_EXCEPTION(ringkv::decode(store, 1, data.tokens), std::out_of_range,
-                        [](const std::out_of_range& e) {
-                          return std::string(e.what()).find("layer 1 >= layers 1") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::decode(store, 1, data.tokens), std::out_of_range, [](const std::out_of_range& e) {
+        return std::string(e.what()).find("layer 1 >= layers 1") != std::string::npos;
+      });
   std::vector<float> sinks(3);
   auto stream = ringkv::decode(store, 0, data.tokens, {.sinks = sinks});
   // The count of sink logits needs the query's width: checked at the first token, before it is
@@ -196,8 +203,8 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused_at_the_call) {
 BOOST_AUTO_TEST_CASE(a_stream_refuses_what_its_step_would_refuse_before_appending_anything) {
   token_data data(4, 2, 1, 4, 21);
   auto store = ring(1, 4, 4);
-  for (const float scale : {std::numeric_limits<float>::infinity(), -1.0f,
-                            std::numeric_limits<float>::quiet_NaN()})
+  for (const float scale :
+       {std::numeric_limits<float>::infinity(), -1.0f, std::numeric_limits<float>::quiet_NaN()})
     BOOST_CHECK_EXCEPTION(ringkv::decode(store, 0, data.tokens, {.scale = scale}),
                           std::invalid_argument, [&](const std::invalid_argument& e) {
                             const std::string m = e.what();
@@ -211,11 +218,9 @@ BOOST_AUTO_TEST_CASE(a_stream_refuses_what_its_step_would_refuse_before_appendin
   const auto keys_before = read_all_keys(store, 0);
   const std::vector<float> sinks{0.5f, std::numeric_limits<float>::quiet_NaN()};
   auto refused = ringkv::decode(store, 0, data.tokens, {.sinks = sinks});
-  BOOST_CHECK_EXCEPTION(refused.begin(), std::invalid_argument,
-                        [](const std::invalid_argument& e) {
-                          return std::string(e.what()).find("sinks[1] is NaN") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(refused.begin(), std::invalid_argument, [](const std::invalid_argument& e) {
+    return std::string(e.what()).find("sinks[1] is NaN") != std::string::npos;
+  });
   BOOST_TEST(store.length(0) == 2u);
   BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
 }
@@ -261,8 +266,8 @@ BOOST_AUTO_TEST_CASE(a_stream_whose_windows_copy_allocates_nothing_after_the_fir
       trace::recorder rec(4096);
       store_test::copying_store copying(c, {.sliding_window = true}, rec);
       auto plain = ring(2, 16, 40, rec);
-      ringkv::kv_cache_store& store = gather ? static_cast<ringkv::kv_cache_store&>(plain)
-                                             : copying;
+      ringkv::kv_cache_store& store =
+          gather ? static_cast<ringkv::kv_cache_store&>(plain) : copying;
       auto stream = ringkv::decode(store, 0, data.tokens, {.gather = gather}, rec);
       BOOST_TEST(rows_after_the_first_allocate_nothing(stream, rec) == 99u);
       BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 100);
@@ -306,7 +311,8 @@ BOOST_AUTO_TEST_CASE(the_gather_option_copies_each_window_and_says_so_in_the_tra
   auto store = ring(1, 8, 6, rec);
   auto plain = ring(1, 8, 6);
   std::vector<std::vector<float>> expected;
-  for (auto row : ringkv::decode(plain, 0, data.tokens)) expected.emplace_back(row.begin(), row.end());
+  for (auto row : ringkv::decode(plain, 0, data.tokens))
+    expected.emplace_back(row.begin(), row.end());
   std::size_t i = 0;
   for (auto row : ringkv::decode(store, 0, data.tokens, {.gather = true}, rec)) {
     BOOST_REQUIRE(std::memcmp(row.data(), expected[i].data(), row.size() * sizeof(float)) == 0);
@@ -324,8 +330,8 @@ BOOST_AUTO_TEST_CASE(a_layer_decoder_gives_the_streams_rows_bit_for_bit_on_every
   const ringkv::store_options ring_options{.sliding_window = true};
   std::vector<float> sinks{0.5f, -1.0f, 0.0f, 2.0f, 0.25f, -0.5f, 1.0f, 0.0f};
   for (int kind = 0; kind < 4; ++kind)
-    for (ringkv::thread_pool* p : {static_cast<ringkv::thread_pool*>(nullptr),
-                                   static_cast<ringkv::thread_pool*>(&pool)}) {
+    for (ringkv::thread_pool* p :
+         {static_cast<ringkv::thread_pool*>(nullptr), static_cast<ringkv::thread_pool*>(&pool)}) {
       BOOST_TEST_CONTEXT("store kind " << kind << ", pool " << (p != nullptr)) {
         auto make = [&]() -> std::unique_ptr<ringkv::kv_cache_store> {
           ringkv::kv_cache_config cc = c;
@@ -358,8 +364,8 @@ BOOST_AUTO_TEST_CASE(a_warm_layer_decoder_allocates_nothing_on_a_wrapped_ring) {
   token_data data(1001, 8, 2, 32, 32);
   trace::recorder rec(4096);
   ringkv::default_thread_pool pool(2);
-  for (ringkv::thread_pool* p : {static_cast<ringkv::thread_pool*>(nullptr),
-                                 static_cast<ringkv::thread_pool*>(&pool)}) {
+  for (ringkv::thread_pool* p :
+       {static_cast<ringkv::thread_pool*>(nullptr), static_cast<ringkv::thread_pool*>(&pool)}) {
     auto store = ring(2, 32, 64, rec);
     ringkv::layer_decoder decoder(store, 0, {.pool = p}, rec);
     std::vector<float> out(data.q_width);
@@ -373,7 +379,8 @@ BOOST_AUTO_TEST_CASE(a_warm_layer_decoder_allocates_nothing_on_a_wrapped_ring) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(a_layer_decoder_refuses_a_bad_token_or_output_with_the_store_and_output_unchanged) {
+BOOST_AUTO_TEST_CASE(
+    a_layer_decoder_refuses_a_bad_token_or_output_with_the_store_and_output_unchanged) {
   token_data data(6, 2, 1, 4, 33);
   auto store = ring(1, 4, 4);
   ringkv::layer_decoder decoder(store, 0);
@@ -385,17 +392,16 @@ BOOST_AUTO_TEST_CASE(a_layer_decoder_refuses_a_bad_token_or_output_with_the_stor
   std::vector<float> short_k(3), wide_out(data.q_width + 1);
   ringkv::token_qkv bad = data.tokens[2];
   bad.k = short_k;
-  BOOST_CHECK_EXCEPTION(decoder.step(bad, out), std::invalid_argument,
-                        [](const std::invalid_argument& e) {
-                          return std::string(e.what()).find("kv_heads * head_dim = 4") !=
-                                 std::string::npos;
-                        });
-  BOOST_CHECK_EXCEPTION(decoder.step(data.tokens[2], wide_out), std::invalid_argument,
-                        [](const std::invalid_argument& e) {
-                          return std::string(e.what()).find(
-                                     "layer_decoder::step: out has 9 floats, token q has 8") !=
-                                 std::string::npos;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      decoder.step(bad, out), std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("kv_heads * head_dim = 4") != std::string::npos;
+      });
+  BOOST_CHECK_EXCEPTION(
+      decoder.step(data.tokens[2], wide_out), std::invalid_argument,
+      [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("layer_decoder::step: out has 9 floats, token q has 8") !=
+               std::string::npos;
+      });
   std::vector<float> nan_q(data.q_width, std::numeric_limits<float>::quiet_NaN());
   BOOST_CHECK_THROW(decoder.step({nan_q, data.tokens[2].k, data.tokens[2].v}, out),
                     std::invalid_argument);

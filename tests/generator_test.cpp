@@ -72,7 +72,8 @@ BOOST_AUTO_TEST_CASE(a_generator_yields_its_values_in_order_and_lazily) {
 
 BOOST_AUTO_TEST_CASE(it_composes_with_std_views_take) {
   std::vector<int> got;
-  for (int v : count_from(0) | std::views::take(3) | std::views::transform([](int i) { return i * i; }))
+  for (int v :
+       count_from(0) | std::views::take(3) | std::views::transform([](int i) { return i * i; }))
     got.push_back(v);
   BOOST_TEST(got == (std::vector<int>{0, 1, 4}), boost::test_tools::per_element());
 }
@@ -90,10 +91,9 @@ BOOST_AUTO_TEST_CASE(an_exception_in_the_body_comes_out_of_the_operation_that_ru
   ++it;  // the first increment runs here, the second is pending
   BOOST_TEST(*it == 3);
   ++it;
-  BOOST_CHECK_EXCEPTION((void)(it == std::default_sentinel), std::runtime_error,
-                        [](const std::runtime_error& e) {
-                          return std::string(e.what()) == "source ran dry";
-                        });
+  BOOST_CHECK_EXCEPTION(
+      (void)(it == std::default_sentinel), std::runtime_error,
+      [](const std::runtime_error& e) { return std::string(e.what()) == "source ran dry"; });
   BOOST_TEST((it == std::default_sentinel));
   auto h = three_then_throw();
   auto jt = h.begin();
@@ -165,7 +165,7 @@ BOOST_AUTO_TEST_CASE(copies_share_one_sequence_and_the_last_copy_destroys_it) {
 BOOST_AUTO_TEST_CASE(a_generator_can_feed_another) {
   auto doubled = [](generator<int> in) -> generator<int> {
     for (int v : in) co_yield 2 * v;
-  }(count_from(1) );
+  }(count_from(1));
   std::vector<int> got;
   for (int v : doubled | std::views::take(3)) got.push_back(v);
   BOOST_TEST(got == (std::vector<int>{2, 4, 6}), boost::test_tools::per_element());

@@ -105,8 +105,12 @@ std::vector<float> make_query(std::size_t q_heads, std::size_t dim, std::size_t 
 default_kv_cache_store make_store(dtype type, std::size_t kv_heads, std::size_t dim,
                                   std::size_t capacity, bool ring, std::size_t keep = 0,
                                   trace::sink& sink = trace::null_sink()) {
-  return default_kv_cache_store({.layers = 1, .kv_heads = kv_heads, .head_dim = dim,
-                                 .capacity = capacity, .key_type = type, .value_type = type},
+  return default_kv_cache_store({.layers = 1,
+                                 .kv_heads = kv_heads,
+                                 .head_dim = dim,
+                                 .capacity = capacity,
+                                 .key_type = type,
+                                 .value_type = type},
                                 {.sliding_window = ring, .keep = keep}, sink);
 }
 
@@ -140,8 +144,7 @@ reference attend_double(const std::vector<float>& q, std::size_t kv_heads, std::
   const double scale = 1 / std::sqrt(double(dim));
   reference r{std::vector<double>(q.size()), std::vector<double>(q.size()),
               std::vector<double>(q_heads * n)};
-  std::vector<double> x(dim), max(q_heads, -std::numeric_limits<double>::infinity()),
-      sum(q_heads);
+  std::vector<double> x(dim), max(q_heads, -std::numeric_limits<double>::infinity()), sum(q_heads);
   for (std::size_t kv = 0; kv < kv_heads; ++kv)
     for (std::size_t j = 0; j < n; ++j) {
       for (std::size_t i = 0; i < dim; ++i) x[i] = row(key_stream, from + j, kv, i);
@@ -223,7 +226,8 @@ constexpr double f32_class = 2e-6;
 
 // ---- accuracy ------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(half_decode_matches_a_double_reference_on_the_rounded_rows_for_every_shape_and_target) {
+BOOST_AUTO_TEST_CASE(
+    half_decode_matches_a_double_reference_on_the_rounded_rows_for_every_shape_and_target) {
   // A ring of 320 slots after 1000 positions (it has wrapped): windows of the newest W positions.
   const windowed_attention attention;
   worst_of errors;
@@ -243,16 +247,17 @@ BOOST_AUTO_TEST_CASE(half_decode_matches_a_double_reference_on_the_rounded_rows_
             attention.decode_step(query, k, v, out);
             const double e = relative_error(out, ref);
             errors.add(std::string(ringkv::name_of(type)) + " on " + target, e);
-            BOOST_TEST(e <= f32_class, ringkv::name_of(type) << " " << target << " D " << dim
-                                                             << " heads " << hs.q << "/" << hs.kv
-                                                             << " W " << w);
+            BOOST_TEST(e <= f32_class, ringkv::name_of(type)
+                                           << " " << target << " D " << dim << " heads " << hs.q
+                                           << "/" << hs.kv << " W " << w);
           });
         }
       }
   errors.report("max relative error against the double reference on the rounded rows, W 1/17/300,");
 }
 
-BOOST_AUTO_TEST_CASE(over_4096_and_32768_positions_the_error_is_f32_class_and_the_storage_error_within_its_bound) {
+BOOST_AUTO_TEST_CASE(
+    over_4096_and_32768_positions_the_error_is_f32_class_and_the_storage_error_within_its_bound) {
   // 8 query heads over 2 kv heads, D 128, a wrapped ring. Two errors per case: against the
   // double reference on the rounded rows (the kernels' own error, f32 class) and against the
   // double reference on the original f32 inputs (what storing at 2 bytes costs). The second is
@@ -345,11 +350,35 @@ float overflow_at(dtype type) { return type == dtype::f16 ? 65520.0f : 0x1.ffp12
 /// (2^-30 … 2^19). Inputs the type would round to ±Inf are refused by its stores: left out.
 std::vector<float> probe_inputs(dtype type) {
   std::vector<float> probes;
-  for (const float x : {0.0f, -0.0f, 1.0f, -1.0f, 1 + 0x1p-11f, 1 + 0x3p-11f, -(1 + 0x1p-11f),
-                        65504.0f, 65519.0f, -65519.0f, 65520.0f, -70000.0f, 0x1p-24f, 0x1p-25f,
-                        0x3p-25f, 0x1p-14f, 0x1.ffcp-15f, 1e-10f, 1 + 0x1p-8f, 1 + 0x3p-8f,
-                        0x1.fep127f, -0x1.fe8p127f, 0x1.ff8p127f, -3.4e38f, 1e-40f, -0x1p-130f,
-                        0.1f, -0.3f, 3.14159265f})
+  for (const float x : {0.0f,
+                        -0.0f,
+                        1.0f,
+                        -1.0f,
+                        1 + 0x1p-11f,
+                        1 + 0x3p-11f,
+                        -(1 + 0x1p-11f),
+                        65504.0f,
+                        65519.0f,
+                        -65519.0f,
+                        65520.0f,
+                        -70000.0f,
+                        0x1p-24f,
+                        0x1p-25f,
+                        0x3p-25f,
+                        0x1p-14f,
+                        0x1.ffcp-15f,
+                        1e-10f,
+                        1 + 0x1p-8f,
+                        1 + 0x3p-8f,
+                        0x1.fep127f,
+                        -0x1.fe8p127f,
+                        0x1.ff8p127f,
+                        -3.4e38f,
+                        1e-40f,
+                        -0x1p-130f,
+                        0.1f,
+                        -0.3f,
+                        3.14159265f})
     if (std::fabs(x) < overflow_at(type)) probes.push_back(x);
   for (std::size_t n = 0; probes.size() < 200; ++n)
     if (const float x = std::ldexp(input(value_stream, n, 0, 0), int(n % 50) - 30);
@@ -369,8 +398,12 @@ BOOST_AUTO_TEST_CASE(a_half_store_holds_each_f32_input_rounded_once_to_nearest_e
     BOOST_TEST_CONTEXT(ringkv::name_of(type)) {
       auto store = make_store(type, kv_heads, dim, capacity, true);
       std::vector<float> k(kv_heads * dim), v(k.size());
-      auto key_at = [&](std::size_t p, std::size_t e) { return probes[(p * 2 * k.size() + e) % probes.size()]; };
-      auto value_at = [&](std::size_t p, std::size_t e) { return probes[(p * 2 * k.size() + k.size() + e) % probes.size()]; };
+      auto key_at = [&](std::size_t p, std::size_t e) {
+        return probes[(p * 2 * k.size() + e) % probes.size()];
+      };
+      auto value_at = [&](std::size_t p, std::size_t e) {
+        return probes[(p * 2 * k.size() + k.size() + e) % probes.size()];
+      };
       constexpr std::size_t length = 3 * capacity + 2;
       for (std::size_t p = 0; p < length; ++p) {
         for (std::size_t e = 0; e < k.size(); ++e) {
@@ -383,10 +416,12 @@ BOOST_AUTO_TEST_CASE(a_half_store_holds_each_f32_input_rounded_once_to_nearest_e
       std::vector<float> read_k(kv_heads * capacity * dim), read_v(read_k.size());
       store.read_keys(0, from, length, read_k);
       store.read_values(0, from, length, read_v);
-      const windowed_kv kw = store.key_window(0, from, length), vw = store.value_window(0, from, length);
+      const windowed_kv kw = store.key_window(0, from, length),
+                        vw = store.value_window(0, from, length);
       BOOST_REQUIRE(kw.wrapped());
       std::size_t checked = 0;
-      for (const auto& [w, at, read] : {std::tuple{&kw, +0, &read_k}, std::tuple{&vw, +1, &read_v}}) {
+      for (const auto& [w, at, read] :
+           {std::tuple{&kw, +0, &read_k}, std::tuple{&vw, +1, &read_v}}) {
         std::size_t p = from;
         for (std::size_t r = 0; r < w->runs().size(); ++r)
           for (std::size_t j = 0; j < w->runs()[r].positions(); ++j, ++p)
@@ -435,17 +470,19 @@ BOOST_AUTO_TEST_CASE(every_value_a_half_store_holds_reaches_every_target_exactly
                       (type == dtype::f16 && x != 0 && std::abs(x) < 0x1p-14f);
       }
       for_each_target([&](const char* target) {
-        attention.decode_step(query, store.key_window(0, p, p + 1), store.value_window(0, p, p + 1), out);
+        attention.decode_step(query, store.key_window(0, p, p + 1), store.value_window(0, p, p + 1),
+                              out);
         for (std::size_t h = 0; h < q; ++h)
           for (std::size_t i = 0; i < dim; ++i) {
             // Bit for bit, but for the sign of a zero: the accumulator starts at +0, and
             // +0 + 1 · (−0) is +0.
             const float o = out[h * dim + i];
-            const bool same = std::bit_cast<std::uint32_t>(o) == std::bit_cast<std::uint32_t>(back[i]) ||
-                              (o == 0 && back[i] == 0);
-            BOOST_TEST(same, ringkv::name_of(type) << " " << target << " position " << p
-                                                   << " element " << i << ": " << o << " for "
-                                                   << back[i]);
+            const bool same =
+                std::bit_cast<std::uint32_t>(o) == std::bit_cast<std::uint32_t>(back[i]) ||
+                (o == 0 && back[i] == 0);
+            BOOST_TEST(same, ringkv::name_of(type)
+                                 << " " << target << " position " << p << " element " << i << ": "
+                                 << o << " for " << back[i]);
           }
       });
     }
@@ -474,7 +511,8 @@ BOOST_AUTO_TEST_CASE(a_half_store_refuses_a_finite_input_it_would_round_to_infin
       BOOST_CHECK_EXCEPTION(store.append(0, k, v), std::invalid_argument, [&](const auto& e) {
         const std::string m = e.what();
         return m.find("append: key[3] = ") != std::string::npos &&
-               m.find("is too large for " + std::string(ringkv::name_of(type))) != std::string::npos;
+               m.find("is too large for " + std::string(ringkv::name_of(type))) !=
+                   std::string::npos;
       });
       k[3] = 1.0f;
       v[5] = -limit;
@@ -501,8 +539,8 @@ BOOST_AUTO_TEST_CASE(a_half_store_refuses_a_finite_input_it_would_round_to_infin
                             });
       BOOST_TEST(std::count(out.begin(), out.end(), 7.0f) == long(out.size()));
       const std::vector<ringkv::token_qkv> tokens{{std::span(q).first(dim),
-                                                    std::span(chunk_k).first(dim),
-                                                    std::span(chunk_v).subspan(dim)}};
+                                                   std::span(chunk_k).first(dim),
+                                                   std::span(chunk_v).subspan(dim)}};
       auto stream = ringkv::decode(store, 0, tokens);
       BOOST_CHECK_EXCEPTION(stream.begin(), std::invalid_argument, [](const auto& e) {
         return std::string(e.what()).find("append: value[1] = ") != std::string::npos;
@@ -512,7 +550,7 @@ BOOST_AUTO_TEST_CASE(a_half_store_refuses_a_finite_input_it_would_round_to_infin
   }
 }
 
-// ---- determinism (M2-A4) and the gather path ---------------------------------------------------
+// ---- determinism and the gather path ----------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(a_wrapped_half_ring_and_a_never_wrapped_half_store_give_identical_bits) {
   // A capacity-37 ring (without and with 3 pinned sinks) after several laps against a dense store
@@ -533,7 +571,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_half_ring_and_a_never_wrapped_half_store_give_ide
         fill_until(ring, end);
         for (std::size_t w : {1, 5, 16, 17, 30, 34}) {
           const std::size_t from = end - w;
-          const windowed_kv rk = ring.key_window(0, from, end), rv = ring.value_window(0, from, end);
+          const windowed_kv rk = ring.key_window(0, from, end),
+                            rv = ring.value_window(0, from, end);
           // The flat store's window: the same sinks, then the same rolling positions.
           std::array<ringkv::kv_run, 3> fk_runs{}, fv_runs{};
           std::size_t n = 0;
@@ -558,7 +597,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_half_ring_and_a_never_wrapped_half_store_give_ide
       }
     }
   BOOST_TEST(wrapped > 150u);
-  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared << ", of windows wrapped: " << wrapped);
+  BOOST_TEST_MESSAGE("bit-identical comparisons: " << compared
+                                                   << ", of windows wrapped: " << wrapped);
 }
 
 BOOST_AUTO_TEST_CASE(the_gather_path_equals_the_pair_path_bit_for_bit_and_copies_two_byte_rows) {
@@ -571,7 +611,8 @@ BOOST_AUTO_TEST_CASE(the_gather_path_equals_the_pair_path_bit_for_bit_and_copies
   for (dtype type : half_types) {
     auto store = make_store(type, kv, dim, 128, true);
     fill_until(store, 300);
-    const windowed_kv k = store.key_window(0, 300 - w, 300), v = store.value_window(0, 300 - w, 300);
+    const windowed_kv k = store.key_window(0, 300 - w, 300),
+                      v = store.value_window(0, 300 - w, 300);
     BOOST_REQUIRE(k.wrapped());
     for_each_target([&](const char* target) {
       rec.clear();
@@ -593,13 +634,15 @@ BOOST_AUTO_TEST_CASE(the_gather_path_equals_the_pair_path_bit_for_bit_and_copies
 
 // ---- the stream, and no allocation -------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(the_decode_stream_over_a_wrapped_f16_ring_equals_append_and_decode_step_by_hand) {
+BOOST_AUTO_TEST_CASE(
+    the_decode_stream_over_a_wrapped_f16_ring_equals_append_and_decode_step_by_hand) {
   constexpr std::size_t kv = 2, q = 8, dim = 40, capacity = 23, n = 3 * capacity + 5;
   std::vector<float> qs(n * q * dim), ks(n * kv * dim), vs(n * kv * dim);
   std::vector<ringkv::token_qkv> tokens;
   for (std::size_t t = 0; t < n; ++t) {
     for (std::size_t h = 0; h < q; ++h)
-      for (std::size_t i = 0; i < dim; ++i) qs[(t * q + h) * dim + i] = 4 * input(query_stream, t, h, i);
+      for (std::size_t i = 0; i < dim; ++i)
+        qs[(t * q + h) * dim + i] = 4 * input(query_stream, t, h, i);
     for (std::size_t h = 0; h < kv; ++h)
       for (std::size_t i = 0; i < dim; ++i) {
         ks[(t * kv + h) * dim + i] = input(key_stream, t, h, i);
@@ -662,11 +705,16 @@ BOOST_AUTO_TEST_CASE(sixteen_decode_steps_over_a_wrapped_bf16_ring_allocate_and_
 
 // ---- refusals --------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(the_decode_stream_refuses_keys_and_values_of_different_dtypes_before_appending) {
+BOOST_AUTO_TEST_CASE(
+    the_decode_stream_refuses_keys_and_values_of_different_dtypes_before_appending) {
   // The kernels take one dtype for K and V; a store of f16 keys and bf16 values is refused when
   // the stream is made, so no token is appended and then refused.
-  auto store = default_kv_cache_store({.layers = 1, .kv_heads = 1, .head_dim = 8, .capacity = 4,
-                                       .key_type = dtype::f16, .value_type = dtype::bf16},
+  auto store = default_kv_cache_store({.layers = 1,
+                                       .kv_heads = 1,
+                                       .head_dim = 8,
+                                       .capacity = 4,
+                                       .key_type = dtype::f16,
+                                       .value_type = dtype::bf16},
                                       {.sliding_window = true});
   std::vector<float> q(8, 0.5f), k(8, 0.25f), v(8, 1.0f);
   std::vector<ringkv::token_qkv> tokens{{q, k, v}};

@@ -71,8 +71,12 @@ BOOST_AUTO_TEST_CASE(dot_matches_a_double_reference_for_every_length_and_target)
 // found at any index of any length, on every target, and the largest finite floats, subnormals
 // and zeros must pass.
 BOOST_AUTO_TEST_CASE(a_nan_or_an_inf_is_found_at_every_index_of_every_length_on_every_target) {
-  const float finite[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                          std::numeric_limits<float>::denorm_min(), -0.0f, 0.0f, 1.0f};
+  const float finite[] = {std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(),
+                          -0.0f,
+                          0.0f,
+                          1.0f};
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf};
   for_each_target([&](const char* target) {
     for (std::size_t n = 1; n <= 70; ++n) {
@@ -95,8 +99,9 @@ BOOST_AUTO_TEST_CASE(a_nan_or_an_inf_is_found_at_every_index_of_every_length_on_
 
 BOOST_AUTO_TEST_CASE(dot_refuses_spans_of_different_sizes) {
   const auto a = filled(4, 1), b = filled(5, 2);
-  BOOST_CHECK_EXCEPTION(kernels::dot(a, b), std::invalid_argument,
-                        [](const auto& e) { return mentions(e, "a has 4") && mentions(e, "b has 5"); });
+  BOOST_CHECK_EXCEPTION(kernels::dot(a, b), std::invalid_argument, [](const auto& e) {
+    return mentions(e, "a has 4") && mentions(e, "b has 5");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(clear_makes_an_empty_state) {
@@ -172,11 +177,10 @@ BOOST_AUTO_TEST_CASE(merge_refuses_states_of_different_shapes) {
   b.sum = {1.0f, 1.0f};
   odd.sum.resize(3);
   const owned_state a0 = a;
-  BOOST_CHECK_EXCEPTION(kernels::merge(a.view(), b.view()), std::invalid_argument,
-                        [](const auto& e) {
-                          return mentions(e, "into is [2 heads, 8 acc]") &&
-                                 mentions(e, "from is [2 heads, 10 acc]");
-                        });
+  BOOST_CHECK_EXCEPTION(
+      kernels::merge(a.view(), b.view()), std::invalid_argument, [](const auto& e) {
+        return mentions(e, "into is [2 heads, 8 acc]") && mentions(e, "from is [2 heads, 10 acc]");
+      });
   BOOST_CHECK_EXCEPTION(kernels::merge(a.view(), odd.view()), std::invalid_argument,
                         [](const auto& e) { return mentions(e, "from has max[2], sum[3]"); });
   BOOST_TEST(same_bits(a.max, a0.max));
@@ -241,8 +245,9 @@ BOOST_AUTO_TEST_CASE(finish_refuses_wrong_sizes_and_nan_sinks_leaving_out_untouc
   const std::vector<float> one_sink = {0.0f}, nan_sink = {0.0f, std::nanf("")};
   BOOST_CHECK_EXCEPTION(kernels::finish(s.view(), {}, short_out), std::invalid_argument,
                         [](const auto& e) { return mentions(e, "out has 5"); });
-  BOOST_CHECK_EXCEPTION(kernels::finish(s.view(), one_sink, out), std::invalid_argument,
-                        [](const auto& e) { return mentions(e, "sinks has 1") && mentions(e, "q_heads = 2"); });
+  BOOST_CHECK_EXCEPTION(
+      kernels::finish(s.view(), one_sink, out), std::invalid_argument,
+      [](const auto& e) { return mentions(e, "sinks has 1") && mentions(e, "q_heads = 2"); });
   BOOST_CHECK_EXCEPTION(kernels::finish(s.view(), nan_sink, out), std::invalid_argument,
                         [](const auto& e) { return mentions(e, "sinks[1] is NaN"); });
   for (float x : out) BOOST_TEST(x == 7.0f);

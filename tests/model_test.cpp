@@ -57,8 +57,10 @@ std::ostream& operator<<(std::ostream& os, store_kind k) {
 std::unique_ptr<ringkv::kv_cache_store> make_store(store_kind kind, const kv_cache_config& c,
                                                    const store_options& o, trace::sink& sink) {
   switch (kind) {
-    case store_kind::f32: return std::make_unique<ringkv::default_kv_cache_store>(c, o, sink);
-    case store_kind::int8: return std::make_unique<ringkv::int8_kv_cache_store>(c, o, sink);
+    case store_kind::f32:
+      return std::make_unique<ringkv::default_kv_cache_store>(c, o, sink);
+    case store_kind::int8:
+      return std::make_unique<ringkv::int8_kv_cache_store>(c, o, sink);
     case store_kind::turboquant:
       return std::make_unique<ringkv::turboquant_kv_cache_store>(
           c, ringkv::turboquant_options{.key_bits = 3, .value_bits = 3}, o, sink);
@@ -95,8 +97,8 @@ class model_check {
         cfg_{.layers = 2, .kv_heads = 2, .head_dim = 3, .capacity = sh.capacity},
         opt_{.sliding_window = sh.ring, .keep = sh.keep, .slack = sh.slack},
         owned_(make_store(kind, cfg_, opt_, store_trace_)), store_(*owned_),
-        model_(cfg_, opt_, model_trace_), rng_(seed),
-        key_(cfg_.row_floats()), value_(cfg_.row_floats()), arena_(4096) {
+        model_(cfg_, opt_, model_trace_), rng_(seed), key_(cfg_.row_floats()),
+        value_(cfg_.row_floats()), arena_(4096) {
     store_trace_.clear();  // forget the construction's allocations
   }
 
@@ -104,13 +106,20 @@ class model_check {
     for (std::size_t i = 0; i < steps; ++i) {
       const std::size_t l = pick(0, cfg_.layers - 1);
       const std::size_t op = pick(0, 99);
-      if (op < 45) append(l);
-      else if (op < 65) window(l);
-      else if (op < 78) read(l);
-      else if (op < 92) truncate(l);
-      else if (op < 96) bad_append(l);
-      else if (op < 99) both([&](auto& s) { s.clear(l); });
-      else both([](auto& s) { s.clear(); });
+      if (op < 45)
+        append(l);
+      else if (op < 65)
+        window(l);
+      else if (op < 78)
+        read(l);
+      else if (op < 92)
+        truncate(l);
+      else if (op < 96)
+        bad_append(l);
+      else if (op < 99)
+        both([&](auto& s) { s.clear(l); });
+      else
+        both([](auto& s) { s.clear(); });
       compare_positions();
       arena_.reset();
     }
@@ -126,7 +135,8 @@ class model_check {
   template <class F>
   int both(F f) {
     const int a = outcome(f, store_), b = outcome(f, model_);
-    BOOST_REQUIRE_MESSAGE(a == b, kind_ << ", " << sh_ << ": store outcome " << a << ", reference " << b);
+    BOOST_REQUIRE_MESSAGE(a == b,
+                          kind_ << ", " << sh_ << ": store outcome " << a << ", reference " << b);
     return a;
   }
   template <class F, class S>
@@ -243,13 +253,19 @@ class model_check {
     const std::size_t size = from <= to ? (to - from) * cfg_.row_floats() : 0;
     std::vector<float> a(size, -1.0f), b(size, -2.0f);
     const bool keys = pick(0, 1);
-    const int ra = outcome([&](auto& s) { keys ? s.read_keys(l, from, to, a) : s.read_values(l, from, to, a); }, store_);
-    const int rb = outcome([&](auto& s) { keys ? s.read_keys(l, from, to, b) : s.read_values(l, from, to, b); }, model_);
+    const int ra = outcome(
+        [&](auto& s) { keys ? s.read_keys(l, from, to, a) : s.read_values(l, from, to, a); },
+        store_);
+    const int rb = outcome(
+        [&](auto& s) { keys ? s.read_keys(l, from, to, b) : s.read_values(l, from, to, b); },
+        model_);
     BOOST_REQUIRE(ra == rb);
     BOOST_REQUIRE(ra == (held(l, from, to) ? 0 : 2));
     ++tally_.reads[ra != 0];
-    if (ra == 0) BOOST_REQUIRE(a == b);
-    else BOOST_REQUIRE(a == std::vector<float>(size, -1.0f));  // out untouched when refused
+    if (ra == 0)
+      BOOST_REQUIRE(a == b);
+    else
+      BOOST_REQUIRE(a == std::vector<float>(size, -1.0f));  // out untouched when refused
   }
   void truncate(std::size_t l) {
     const std::size_t n = model_.length(l), back = pick(0, sh_.slack + 5);
@@ -258,8 +274,8 @@ class model_check {
   }
   void compare_positions() {
     for (std::size_t l = 0; l < cfg_.layers; ++l)
-      if (store_.length(l) != model_.length(l) || store_.window_start(l) != model_.window_start(l) ||
-          store_.held(l) != model_.held(l))
+      if (store_.length(l) != model_.length(l) ||
+          store_.window_start(l) != model_.window_start(l) || store_.held(l) != model_.held(l))
         BOOST_FAIL(sh_ << ": layer " << l << " length/window_start/held " << store_.length(l) << "/"
                        << store_.window_start(l) << "/" << store_.held(l) << ", reference "
                        << model_.length(l) << "/" << model_.window_start(l) << "/"
@@ -301,7 +317,8 @@ BOOST_AUTO_TEST_CASE(a_store_that_implements_only_the_core_copies_its_windows_on
     seen.emplace_back(a.target);
     BOOST_TEST(a.kind == "copy-kv-window");
   }
-  BOOST_TEST(seen == (std::vector<std::string>{"keys", "values"}), boost::test_tools::per_element());
+  BOOST_TEST(seen == (std::vector<std::string>{"keys", "values"}),
+             boost::test_tools::per_element());
   auto adapters = rec.of<trace::adapter_inserted>();
   BOOST_TEST((*ranges::begin(adapters)).bytes == 4u * 2u * 3u * 4u);
   BOOST_TEST(rec.emitted() == 2u);
@@ -316,12 +333,11 @@ BOOST_AUTO_TEST_CASE(a_store_that_implements_only_the_core_copies_its_windows_on
 }
 
 BOOST_AUTO_TEST_CASE(random_operations_agree_with_a_deque_of_rows_reference) {
-  const shape shapes[] = {{4, 0, 0, false}, {7, 0, 0, false}, {1, 0, 0, true},
-                          {4, 0, 0, true},  {5, 0, 2, true},  {6, 2, 0, true},
-                          {7, 2, 2, true},  {8, 3, 1, true},  {3, 2, 0, true},
-                          {6, 1, 4, true}};
-  for (store_kind kind : {store_kind::f32, store_kind::int8, store_kind::turboquant,
-                          store_kind::turboquant_qjl}) {
+  const shape shapes[] = {{4, 0, 0, false}, {7, 0, 0, false}, {1, 0, 0, true}, {4, 0, 0, true},
+                          {5, 0, 2, true},  {6, 2, 0, true},  {7, 2, 2, true}, {8, 3, 1, true},
+                          {3, 2, 0, true},  {6, 1, 4, true}};
+  for (store_kind kind :
+       {store_kind::f32, store_kind::int8, store_kind::turboquant, store_kind::turboquant_qjl}) {
     BOOST_TEST_CONTEXT(kind) {
       // The compressed stores share the slot bookkeeping: half the sequences keep the suite fast.
       const std::uint32_t seeds = kind == store_kind::f32 ? 200 : 100;
@@ -335,12 +351,11 @@ BOOST_AUTO_TEST_CASE(random_operations_agree_with_a_deque_of_rows_reference) {
           }
         }
       }
-      BOOST_TEST_MESSAGE(kind << ": " << sequences
-                              << " random sequences of 80 operations; windows held/refused "
-                              << t.windows[0] << "/" << t.windows[1] << ", reads " << t.reads[0]
-                              << "/" << t.reads[1] << ", truncates " << t.truncates[0] << "/"
-                              << t.truncates[1] << ", appends to a full dense layer "
-                              << t.full_appends);
+      BOOST_TEST_MESSAGE(
+          kind << ": " << sequences << " random sequences of 80 operations; windows held/refused "
+               << t.windows[0] << "/" << t.windows[1] << ", reads " << t.reads[0] << "/"
+               << t.reads[1] << ", truncates " << t.truncates[0] << "/" << t.truncates[1]
+               << ", appends to a full dense layer " << t.full_appends);
       BOOST_TEST(sequences == 10u * seeds);
       for (const std::size_t* counts : {t.windows, t.reads, t.truncates}) {
         BOOST_TEST(counts[0] > 1000u);

@@ -65,8 +65,7 @@ bool each_once(const std::vector<std::size_t>& runs) {
 /// Spins for about `micros` microseconds (a task that takes time without sleeping).
 void busy_for(std::chrono::microseconds micros) {
   const auto until = std::chrono::steady_clock::now() + micros;
-  while (std::chrono::steady_clock::now() < until) {
-  }
+  while (std::chrono::steady_clock::now() < until) {}
 }
 
 /// Runs size() tasks that each wait until all have started: they can only all meet if size()
@@ -110,9 +109,10 @@ class ring {
  public:
   explicit ring(const shape& s)
       : s_(s),
-        store_(ringkv::kv_cache_config{.layers = 1, .kv_heads = s.kv_heads,
-                                       .head_dim = s.head_dim, .capacity = s.window},
-               ringkv::store_options{.sliding_window = true, .keep = s.keep}),
+        store_(
+            ringkv::kv_cache_config{
+                .layers = 1, .kv_heads = s.kv_heads, .head_dim = s.head_dim, .capacity = s.window},
+            ringkv::store_options{.sliding_window = true, .keep = s.keep}),
         k_(s.kv_heads * s.head_dim), v_(k_.size()), q_(s.q_heads * s.head_dim),
         sinks_(s.learned_sinks ? s.q_heads : 0) {
     for (float& x : sinks_) x = next();
@@ -188,7 +188,8 @@ std::vector<float> unsplit(const ring& r, std::size_t p, std::size_t q_width) {
 
 // ---- the pool -------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(parallel_for_runs_each_index_once_for_no_one_few_and_many_more_tasks_than_threads) {
+BOOST_AUTO_TEST_CASE(
+    parallel_for_runs_each_index_once_for_no_one_few_and_many_more_tasks_than_threads) {
   for (std::size_t threads : {1, 2, 3, 8}) {
     default_thread_pool pool(threads);
     BOOST_TEST(pool.size() == threads);
@@ -254,8 +255,9 @@ BOOST_AUTO_TEST_CASE(an_exception_in_a_task_reaches_the_caller_and_the_pool_stay
                                               [](std::size_t i) {
                                                 if (i == 37) throw std::runtime_error("task 37");
                                               }),
-                            std::runtime_error,
-                            [](const std::runtime_error& e) { return e.what() == std::string("task 37"); });
+                            std::runtime_error, [](const std::runtime_error& e) {
+                              return e.what() == std::string("task 37");
+                            });
       BOOST_TEST(each_once(runs_per_index(pool, 1000)), threads << " threads, round " << round);
     }
   }
@@ -324,7 +326,8 @@ BOOST_AUTO_TEST_CASE(callers_on_several_threads_share_one_pool_and_each_gets_all
 // worker still leaving the call before. A worker left asleep fails the meeting after 5 s; a
 // caller left asleep hangs (the suite's CTest timeout fails it); a call's slot reused too early
 // runs an index twice or not at all.
-BOOST_AUTO_TEST_CASE(calls_back_to_back_or_after_the_workers_fall_asleep_each_run_every_index_once) {
+BOOST_AUTO_TEST_CASE(
+    calls_back_to_back_or_after_the_workers_fall_asleep_each_run_every_index_once) {
   for (std::size_t threads : {2, 3}) {
     default_thread_pool pool(threads);
     std::size_t wrong = 0, not_met = 0;
@@ -395,7 +398,8 @@ BOOST_AUTO_TEST_CASE(a_task_ref_calls_a_function_a_lambda_or_a_stateful_object_b
 // than twice, with and without pinned sinks and learned sink logits. Pools of 1, 2, 3 and 8
 // threads and a caller-supplied pool that runs the tasks backwards must give the bits of the
 // step without a pool. Three consecutive steps move the window across segment boundaries.
-BOOST_AUTO_TEST_CASE(split_decode_steps_on_wrapped_rings_are_bit_identical_for_1_2_3_and_8_threads) {
+BOOST_AUTO_TEST_CASE(
+    split_decode_steps_on_wrapped_rings_are_bit_identical_for_1_2_3_and_8_threads) {
   std::vector<shape> shapes;
   for (std::size_t w : {100, 3000, 5000})
     for (std::size_t kv : {2, 8}) {
@@ -409,8 +413,8 @@ BOOST_AUTO_TEST_CASE(split_decode_steps_on_wrapped_rings_are_bit_identical_for_1
   const windowed_attention plain;
   std::vector<windowed_attention> pooled;
   pooled.reserve(5);
-  for (ringkv::thread_pool* pool : std::initializer_list<ringkv::thread_pool*>{
-           &one, &two, &three, &eight, &backwards})
+  for (ringkv::thread_pool* pool :
+       std::initializer_list<ringkv::thread_pool*>{&one, &two, &three, &eight, &backwards})
     pooled.emplace_back(ringkv::attention_options{.pool = pool});
   for (const shape& s : shapes) {
     ring r(s);
@@ -553,9 +557,10 @@ BOOST_AUTO_TEST_CASE(a_window_with_more_gaps_than_the_scratch_allows_splits_by_k
   const auto window_of = [&](std::vector<float>& buf) {
     std::vector<ringkv::kv_run> parts;
     for (std::size_t i = 0; i < runs; ++i)  // positions 1000 … 1099 of every 4096
-      parts.push_back({ringkv::tensor_view(reinterpret_cast<std::byte*>(buf.data() + i * per_run * dim),
-                                           ringkv::dtype::f32, kv_heads, per_run, dim, rows * dim, dim),
-                       i * 4096 + 1000});
+      parts.push_back(
+          {ringkv::tensor_view(reinterpret_cast<std::byte*>(buf.data() + i * per_run * dim),
+                               ringkv::dtype::f32, kv_heads, per_run, dim, rows * dim, dim),
+           i * 4096 + 1000});
     return windowed_kv(parts);
   };
   const windowed_kv keys = window_of(k), values = window_of(v);
@@ -604,7 +609,8 @@ BOOST_FIXTURE_TEST_CASE(a_copied_attention_keeps_the_pool_and_the_bits, two_kv_h
 
 // ---- the stream ---------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(the_stream_with_a_pool_yields_the_same_bits_and_allocates_only_for_the_first_token) {
+BOOST_AUTO_TEST_CASE(
+    the_stream_with_a_pool_yields_the_same_bits_and_allocates_only_for_the_first_token) {
   constexpr std::size_t q_heads = 4, kv_heads = 2, dim = 32, window = 1100, tokens = 2600;
   std::vector<float> q(tokens * q_heads * dim), k(tokens * kv_heads * dim), v(k.size());
   std::uint32_t x = 99;
@@ -617,8 +623,8 @@ BOOST_AUTO_TEST_CASE(the_stream_with_a_pool_yields_the_same_bits_and_allocates_o
                      std::span<const float>(v).subspan(i * kv_heads * dim, kv_heads * dim)});
   auto make_store = [] {
     return ringkv::default_kv_cache_store(
-        ringkv::kv_cache_config{.layers = 1, .kv_heads = kv_heads, .head_dim = dim,
-                                .capacity = window},
+        ringkv::kv_cache_config{
+            .layers = 1, .kv_heads = kv_heads, .head_dim = dim, .capacity = window},
         ringkv::store_options{.sliding_window = true});
   };
   auto plain_store = make_store(), pooled_store = make_store();

@@ -51,13 +51,15 @@ struct prompt {
 };
 
 ringkv::default_kv_cache_store ring(std::size_t kv_heads, std::size_t capacity,
-                                    std::size_t keep = 0,
-                                    ringkv::dtype type = ringkv::dtype::f32,
+                                    std::size_t keep = 0, ringkv::dtype type = ringkv::dtype::f32,
                                     trace::sink& sink = trace::null_sink()) {
-  return ringkv::default_kv_cache_store(
-      {.layers = 1, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = capacity,
-       .key_type = type, .value_type = type},
-      {.sliding_window = true, .keep = keep}, sink);
+  return ringkv::default_kv_cache_store({.layers = 1,
+                                         .kv_heads = kv_heads,
+                                         .head_dim = head_dim,
+                                         .capacity = capacity,
+                                         .key_type = type,
+                                         .value_type = type},
+                                        {.sliding_window = true, .keep = keep}, sink);
 }
 
 /// Tokens [from, from + n) of `p` the plain way: append, then decode_step over the store's
@@ -125,7 +127,8 @@ std::vector<double> reference(const prompt& p, std::size_t kv_heads, std::size_t
     for (double& x : s) sum += (x = std::exp(x - m));
     for (std::size_t j = 0; j < positions.size(); ++j)
       for (std::size_t d = 0; d < head_dim; ++d)
-        out[h * head_dim + d] += s[j] / sum * double(p.v[positions[j] * p.kv_row + kvh * head_dim + d]);
+        out[h * head_dim + d] +=
+            s[j] / sum * double(p.v[positions[j] * p.kv_row + kvh * head_dim + d]);
   }
   return out;
 }
@@ -166,7 +169,8 @@ BOOST_AUTO_TEST_CASE(prefill_equals_token_by_token_decode_bit_for_bit_on_fresh_a
           BOOST_TEST_REQUIRE((before == 0 || a.window_start(0) > keep));  // overwritten: wrapped
           const auto want = token_by_token(a, p, before, chunk);
           const auto got = prefilled(b, p, before, chunk);
-          BOOST_TEST_INFO("W " << w << " keep " << keep << " chunk " << chunk << " after " << before);
+          BOOST_TEST_INFO("W " << w << " keep " << keep << " chunk " << chunk << " after "
+                               << before);
           BOOST_TEST(same_bits(got, want));
           BOOST_TEST(same_store(a, b));
           ++cases;
@@ -214,7 +218,8 @@ BOOST_AUTO_TEST_CASE(prefill_matches_a_double_reference_with_the_mask_at_the_chu
     double worst = 0;
     for (std::size_t i = 0; i < 40; ++i) {
       const auto want = reference(p, kv_heads, 3 + i, window_of(3 + i, w, keep));
-      worst = std::max(worst, max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
+      worst = std::max(
+          worst, max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
     }
     BOOST_TEST_MESSAGE("kv_heads " << kv_heads << ": max abs error vs double " << worst);
     BOOST_TEST(worst < 2e-6);
@@ -273,7 +278,8 @@ BOOST_AUTO_TEST_CASE(kept_tokens_and_learned_sinks_on_a_wrapped_ring_match_the_d
     const auto& rows = pos < 50 ? decoded : out;
     const std::size_t i = pos < 50 ? pos : pos - 50;
     const auto want = reference(p, 2, pos, window_of(pos, w, keep), sinks);
-    worst = std::max(worst, max_abs_diff(std::span<const float>(rows).subspan(i * p.q_row, p.q_row), want));
+    worst = std::max(
+        worst, max_abs_diff(std::span<const float>(rows).subspan(i * p.q_row, p.q_row), want));
   }
   BOOST_TEST_MESSAGE("max abs error vs double with keep and sinks: " << worst);
   // As above: 16-term f32 scores and a softmax of ≤ 12 terms over values ~1 (observed 2.7e-7).
@@ -287,7 +293,8 @@ BOOST_AUTO_TEST_CASE(a_smaller_window_than_the_ring_holds_is_honoured) {
   double worst = 0;
   for (const std::size_t i : {0u, 5u, 6u, 39u}) {
     const auto want = reference(p, 2, i, window_of(i, 6, 0));
-    worst = std::max(worst, max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
+    worst = std::max(worst,
+                     max_abs_diff(std::span<const float>(out).subspan(i * p.q_row, p.q_row), want));
   }
   BOOST_TEST_MESSAGE("window 6: max abs error vs double " << worst);
   // 16-term f32 scores and a softmax of ≤ 6 terms over values ~1: a few 1e-7 (see the reference
@@ -384,19 +391,20 @@ BOOST_AUTO_TEST_CASE(bad_chunks_are_refused_with_out_and_store_untouched) {
   const auto qs = p.qs(12, 4), ks = p.ks(12, 4), vs = p.vs(12, 4);
   BOOST_CHECK_EXCEPTION(attention.prefill(store, 1, qs, ks, vs, out), std::out_of_range,
                         [](const auto& e) { return mentions(e, {"layer 1 >= layers 1"}); });
-  BOOST_CHECK_EXCEPTION(
-      attention.prefill(store, 0, qs, ks.first(ks.size() - 1), vs, out), std::invalid_argument,
-      [](const auto& e) { return mentions(e, {"keys has 127 floats", "kv_heads * head_dim = 32"}); });
+  BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, qs, ks.first(ks.size() - 1), vs, out),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"keys has 127 floats", "kv_heads * head_dim = 32"});
+                        });
   BOOST_CHECK_EXCEPTION(
       attention.prefill(store, 0, qs, ks, p.vs(12, 3), out), std::invalid_argument,
       [](const auto& e) { return mentions(e, {"values has 96 floats but keys has 128"}); });
   BOOST_CHECK_EXCEPTION(
       attention.prefill(store, 0, p.qs(12, 3), ks, vs, out), std::invalid_argument,
       [](const auto& e) { return mentions(e, {"out has 512 floats but queries has 384"}); });
-  BOOST_CHECK_EXCEPTION(
-      attention.prefill(store, 0, qs, ks, vs, std::span<float>(out).first(10)),
-      std::invalid_argument,
-      [](const auto& e) { return mentions(e, {"out has 10 floats but queries has 512"}); });
+  BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, qs, ks, vs, std::span<float>(out).first(10)),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"out has 10 floats but queries has 512"});
+                        });
   BOOST_CHECK_EXCEPTION(
       attention.prefill(store, 0, qs, ks, vs, out, {.window = 9}), std::invalid_argument,
       [](const auto& e) { return mentions(e, {"window 9 > capacity - slack = 8"}); });
@@ -409,11 +417,11 @@ BOOST_AUTO_TEST_CASE(bad_chunks_are_refused_with_out_and_store_untouched) {
       [](const auto& e) { return mentions(e, {"sinks has 2 values", "q_heads = 8"}); });
   std::vector<float> bad_k(ks.begin(), ks.end());
   bad_k[5] = std::numeric_limits<float>::quiet_NaN();
-  BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, qs, bad_k, vs, out), std::invalid_argument,
-                        [](const auto& e) {
-                          return mentions(e, {"keys has a non-finite element", "at index 5",
-                                              "NaN and Inf are refused"});
-                        });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(store, 0, qs, bad_k, vs, out), std::invalid_argument, [](const auto& e) {
+        return mentions(e,
+                        {"keys has a non-finite element", "at index 5", "NaN and Inf are refused"});
+      });
   // out overlapping the queries
   std::vector<float> shared(qs.begin(), qs.end());
   BOOST_CHECK_EXCEPTION(attention.prefill(store, 0, shared, ks, vs, shared), std::invalid_argument,
@@ -422,13 +430,13 @@ BOOST_AUTO_TEST_CASE(bad_chunks_are_refused_with_out_and_store_untouched) {
   BOOST_TEST(same_bits(shared, qs));
   BOOST_TEST(out_untouched());
 
-  ringkv::default_kv_cache_store dense({.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 5});
+  ringkv::default_kv_cache_store dense(
+      {.layers = 1, .kv_heads = 2, .head_dim = head_dim, .capacity = 5});
   token_by_token(dense, p, 0, 2);
   const auto dense_before = store_test::snap(dense);
-  BOOST_CHECK_EXCEPTION(attention.prefill(dense, 0, qs, ks, vs, out), ringkv::cache_full,
-                        [](const auto& e) {
-                          return mentions(e, {"holds 2 of 5 positions", "a chunk of 4 tokens"});
-                        });
+  BOOST_CHECK_EXCEPTION(
+      attention.prefill(dense, 0, qs, ks, vs, out), ringkv::cache_full,
+      [](const auto& e) { return mentions(e, {"holds 2 of 5 positions", "a chunk of 4 tokens"}); });
   BOOST_TEST((store_test::snap(dense) == dense_before));
   BOOST_TEST(out_untouched());
   std::vector<float> three(3 * p.q_row);

@@ -108,8 +108,8 @@ BOOST_AUTO_TEST_CASE(codebooks_are_symmetric_and_stationary_under_one_lloyd_iter
         }
         const lloyd step = lloyd_step(book.centroids, d);
         const std::vector<double>& next = step.next;
-        BOOST_TEST_MESSAGE("dim " << d << ", bits " << b << ": coordinate MSE " << book.coordinate_mse
-                                  << ", integrated here " << step.mse);
+        BOOST_TEST_MESSAGE("dim " << d << ", bits " << b << ": coordinate MSE "
+                                  << book.coordinate_mse << ", integrated here " << step.mse);
         // Both integrate the same smooth density (Simpson here, 20,000 steps a cell); the MSE is
         // stationary in the centroids, so their float rounding does not show: 1e-6 relative.
         BOOST_TEST(std::fabs(book.coordinate_mse - step.mse) <= 1e-6 * step.mse);
@@ -132,15 +132,14 @@ BOOST_AUTO_TEST_CASE(a_rotation_refuses_rows_of_another_size_and_a_dense_one_ref
   const ringkv::random_rotation dense(6, 1), hadamard(8, 1);
   std::vector<float> in(8, 0.5f), out(8, 7.0f);
   const std::vector<float> out_before = out;
-  BOOST_CHECK_EXCEPTION(dense.apply(std::span(in).first(5), std::span(out).first(6)),
-                        std::invalid_argument, [](const auto& e) {
-                          return mentions(e, {"random_rotation::apply:", "in has 5 floats and out 6",
-                                              "dim = 6"});
-                        });
-  BOOST_CHECK_EXCEPTION(hadamard.apply_inverse(in, std::span(out).first(7)),
-                        std::invalid_argument, [](const auto& e) {
-                          return mentions(e, {"apply_inverse", "out 7", "dim = 8"});
-                        });
+  BOOST_CHECK_EXCEPTION(
+      dense.apply(std::span(in).first(5), std::span(out).first(6)), std::invalid_argument,
+      [](const auto& e) {
+        return mentions(e, {"random_rotation::apply:", "in has 5 floats and out 6", "dim = 6"});
+      });
+  BOOST_CHECK_EXCEPTION(
+      hadamard.apply_inverse(in, std::span(out).first(7)), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"apply_inverse", "out 7", "dim = 8"}); });
   BOOST_CHECK_EXCEPTION(dense.apply(std::span(in).first(6), std::span(in).subspan(2, 6)),
                         std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"out overlaps in"}); });
@@ -202,10 +201,9 @@ BOOST_AUTO_TEST_CASE(distortion_on_random_unit_vectors_is_within_the_papers_boun
       mse /= double(n);
       const double bound = std::sqrt(3.0) * std::acos(-1.0) / 2 * std::pow(4.0, -double(b));
       const double predicted = double(d) * ringkv::lloyd_max_codebook(d, b).coordinate_mse;
-      BOOST_TEST_MESSAGE("TurboQuant MSE, D " << d << ", b " << b << ": " << mse
-                                              << " (codebook predicts " << predicted
-                                              << ", paper optimum ~" << paper[b] << ", bound "
-                                              << bound << ")");
+      BOOST_TEST_MESSAGE("TurboQuant MSE, D "
+                         << d << ", b " << b << ": " << mse << " (codebook predicts " << predicted
+                         << ", paper optimum ~" << paper[b] << ", bound " << bound << ")");
       BOOST_TEST_CONTEXT("D " << d << " b " << b) {
         BOOST_TEST(mse <= bound);
         BOOST_TEST(std::fabs(mse - paper[b]) <= 0.2 * paper[b]);
@@ -230,8 +228,9 @@ BOOST_AUTO_TEST_CASE(qjl_inner_products_are_unbiased_and_codebook_alone_is_not) 
       for (int qjl = 0; qjl < 2; ++qjl) {
         // b − 1 codebook bits + 1 QJL bit against the same b − 1 codebook bits alone.
         if (!qjl && b == 2) continue;  // no 1-bit store without QJL
-        turboquant_kv_cache_store s(shape(d, 1), {.key_bits = qjl ? b : b - 1, .value_bits = 2,
-                                                  .qjl = bool(qjl), .seed = 1000 + t});
+        turboquant_kv_cache_store s(
+            shape(d, 1),
+            {.key_bits = qjl ? b : b - 1, .value_bits = 2, .qjl = bool(qjl), .seed = 1000 + t});
         s.append(0, k, k);
         s.read_keys(0, 0, 1, back);
         const double e = dot(q, back) - truth;
@@ -242,9 +241,9 @@ BOOST_AUTO_TEST_CASE(qjl_inner_products_are_unbiased_and_codebook_alone_is_not) 
       if (!qjl && b == 2) continue;
       const double mean = sum[qjl] / trials;
       const double se = std::sqrt((sum2[qjl] / trials - mean * mean) / trials);
-      BOOST_TEST_MESSAGE("inner-product error, b " << b << (qjl ? " with QJL" : " codebook only, b-1 bits")
-                                                   << ": mean " << mean << ", standard error " << se
-                                                   << " (truth " << truth << ")");
+      BOOST_TEST_MESSAGE("inner-product error, b "
+                         << b << (qjl ? " with QJL" : " codebook only, b-1 bits") << ": mean "
+                         << mean << ", standard error " << se << " (truth " << truth << ")");
       BOOST_TEST_CONTEXT("b " << b << " qjl " << qjl) {
         if (qjl)
           BOOST_TEST(std::fabs(mean) <= 3 * se);
@@ -286,19 +285,17 @@ BOOST_AUTO_TEST_CASE(turboquant_options_are_checked_before_anything_is_allocated
   for (auto [o, words] : {std::pair{bits(1), "key_bits 1"}, std::pair{bits(5), "key_bits 5"},
                           std::pair{turboquant_options{.value_bits = 1}, "value_bits 1"}}) {
     trace::recorder rec(8);
-    BOOST_CHECK_EXCEPTION(turboquant_kv_cache_store(shape(8, 4), o, {}, rec),
-                          std::invalid_argument,
+    BOOST_CHECK_EXCEPTION(turboquant_kv_cache_store(shape(8, 4), o, {}, rec), std::invalid_argument,
                           [&](const auto& e) { return mentions(e, {words, "2..4"}); });
     BOOST_TEST(rec.emitted() == 0u);
   }
   trace::recorder rec(8);
-  BOOST_CHECK_EXCEPTION(ringkv::int8_kv_cache_store(shape(8, 4), ring(4), rec),
-                        std::invalid_argument,
-                        [](const auto& e) { return mentions(e, {"int8_kv_cache_store", "keep 4"}); });
-  BOOST_CHECK_EXCEPTION(turboquant_kv_cache_store(shape(8, 4), {}, {.slack = 1}, rec),
-                        std::invalid_argument, [](const auto& e) {
-                          return mentions(e, {"turboquant_kv_cache_store", "slack 1"});
-                        });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::int8_kv_cache_store(shape(8, 4), ring(4), rec), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"int8_kv_cache_store", "keep 4"}); });
+  BOOST_CHECK_EXCEPTION(
+      turboquant_kv_cache_store(shape(8, 4), {}, {.slack = 1}, rec), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"turboquant_kv_cache_store", "slack 1"}); });
   BOOST_TEST(rec.emitted() == 0u);
 }
 
@@ -311,9 +308,9 @@ BOOST_AUTO_TEST_CASE(the_memory_report_is_codes_norms_sketches_rotations_and_cod
   for (const cse& c : {cse{64, 4, 4, true}, cse{96, 3, 2, false}, cse{128, 4, 4, false}}) {
     BOOST_TEST_CONTEXT("D " << c.d << " qjl " << c.qjl) {
       const std::size_t layers = 2, heads = 2, capacity = 4096, rows = heads * capacity;
-      turboquant_kv_cache_store s(shape(c.d, capacity, heads, layers),
-                                  {.key_bits = c.key_bits, .value_bits = c.value_bits, .qjl = c.qjl},
-                                  ring());
+      turboquant_kv_cache_store s(
+          shape(c.d, capacity, heads, layers),
+          {.key_bits = c.key_bits, .value_bits = c.value_bits, .qjl = c.qjl}, ring());
       const unsigned kb = c.key_bits - c.qjl;
       const bool pow2 = (c.d & (c.d - 1)) == 0;
       const std::size_t rotation = heads * (pow2 ? c.d : c.d * c.d) * 4;
@@ -327,9 +324,9 @@ BOOST_AUTO_TEST_CASE(the_memory_report_is_codes_norms_sketches_rotations_and_cod
       const double f32 = 2.0 * layers * rows * c.d * 4;
       BOOST_TEST(m.compression_ratio == f32 / double(m.physical_bytes));
       BOOST_TEST_MESSAGE("TurboQuant D " << c.d << " K" << c.key_bits << (c.qjl ? "+QJL" : "")
-                                         << "/V" << c.value_bits << ", capacity 4096: "
-                                         << m.physical_bytes << " bytes, ratio "
-                                         << m.compression_ratio);
+                                         << "/V" << c.value_bits
+                                         << ", capacity 4096: " << m.physical_bytes
+                                         << " bytes, ratio " << m.compression_ratio);
       BOOST_TEST(m.logical_bytes == 0u);
       store_test::rows r(s.config());
       r.append_all(s, 5);
@@ -355,9 +352,11 @@ BOOST_AUTO_TEST_CASE(int8_rows_are_within_half_a_step_of_the_original) {
     const auto back = read(s, kv_side::keys, 0, p, p + 1);
     for (std::size_t h = 0; h < 2; ++h) {
       double absmax = 0;
-      for (std::size_t i = 0; i < 37; ++i) absmax = std::max(absmax, std::fabs(double(row[h * 37 + i])));
       for (std::size_t i = 0; i < 37; ++i)
-        worst = std::max(worst, std::fabs(double(back[h * 37 + i]) - row[h * 37 + i]) / (absmax / 127));
+        absmax = std::max(absmax, std::fabs(double(row[h * 37 + i])));
+      for (std::size_t i = 0; i < 37; ++i)
+        worst =
+            std::max(worst, std::fabs(double(back[h * 37 + i]) - row[h * 37 + i]) / (absmax / 127));
     }
     BOOST_TEST((read(s, kv_side::values, 0, p, p + 1) == zero));  // a zero row stays zero
   }
@@ -370,8 +369,8 @@ BOOST_AUTO_TEST_CASE(int8_rows_are_within_half_a_step_of_the_original) {
   for (std::size_t i = 0; i < 37; ++i) row[i] = i == 3 ? NAN : i == 4 ? INFINITY : 1.0f;
   const auto before = store_test::snap(s);
   BOOST_CHECK_EXCEPTION(s.append(0, row, zero), std::invalid_argument, [](const auto& e) {
-    return mentions(e, {"int8_kv_cache_store::append", "key has a non-finite element",
-                        "at index 3", "NaN and Inf are refused"});
+    return mentions(e, {"int8_kv_cache_store::append", "key has a non-finite element", "at index 3",
+                        "NaN and Inf are refused"});
   });
   BOOST_TEST((store_test::snap(s) == before));
 }
@@ -390,8 +389,11 @@ BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_
     for (kv_side side : {kv_side::keys, kv_side::values}) {
       const bool keys = side == kv_side::keys;
       auto window = [&](std::size_t from, std::size_t to) {
-        if (s == &tq) return keys ? tq.compressed_key_window(1, from, to) : tq.compressed_value_window(1, from, to);
-        return keys ? i8.compressed_key_window(1, from, to) : i8.compressed_value_window(1, from, to);
+        if (s == &tq)
+          return keys ? tq.compressed_key_window(1, from, to)
+                      : tq.compressed_value_window(1, from, to);
+        return keys ? i8.compressed_key_window(1, from, to)
+                    : i8.compressed_value_window(1, from, to);
       };
       const auto w = window(8, 12);
       BOOST_TEST(store_test::positions_of(w) == (std::vector<std::size_t>{0, 1, 8, 9, 10, 11}),
@@ -434,8 +436,9 @@ BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_
   BOOST_CHECK_EXCEPTION(w.decode(0, 0, 0, row), std::out_of_range,
                         [](const auto& e) { return mentions(e, {"out of 15", "head_dim 16"}); });
   BOOST_REQUIRE(w.runs().size() == 3u);  // pins 0, 1; then 9 and 10, 11 in two runs of the ring
-  BOOST_CHECK_EXCEPTION(w.decode(3, 0, 0, std::span(row.data(), 1)), std::out_of_range,
-                        [](const auto& e) { return mentions(e, {"run 3 of 3", "out of 1 floats"}); });
+  BOOST_CHECK_EXCEPTION(
+      w.decode(3, 0, 0, std::span(row.data(), 1)), std::out_of_range,
+      [](const auto& e) { return mentions(e, {"run 3 of 3", "out of 1 floats"}); });
 }
 
 BOOST_AUTO_TEST_CASE(refused_appends_change_nothing) {
@@ -451,8 +454,9 @@ BOOST_AUTO_TEST_CASE(refused_appends_change_nothing) {
   ringkv::int8_kv_cache_store dense(shape(8, 2));
   store_test::rows one(dense.config());
   one.append_all(dense, 2);
-  BOOST_CHECK_EXCEPTION(one.append(dense, 0), ringkv::cache_full,
-                        [](const auto& e) { return mentions(e, {"int8_kv_cache_store", "capacity 2"}); });
+  BOOST_CHECK_EXCEPTION(one.append(dense, 0), ringkv::cache_full, [](const auto& e) {
+    return mentions(e, {"int8_kv_cache_store", "capacity 2"});
+  });
   BOOST_TEST(dense.length(0) == 2u);
   BOOST_TEST((store_test::snap(s) == before));
 }
@@ -487,9 +491,10 @@ BOOST_AUTO_TEST_CASE(appends_windows_and_reads_on_wrapped_compressed_rings_alloc
         sum += out[0];
       }
     const auto calls = counter.calls();
-    BOOST_TEST_MESSAGE("head_dim " << d << ": operator new calls over 2 x 1000 appends, 4000 "
-                                   "compressed windows, 2000 reads: " << calls
-                                   << "; trace events: " << rec.emitted());
+    BOOST_TEST_MESSAGE("head_dim " << d
+                                   << ": operator new calls over 2 x 1000 appends, 4000 "
+                                      "compressed windows, 2000 reads: "
+                                   << calls << "; trace events: " << rec.emitted());
     BOOST_TEST(calls == 0u);
     BOOST_TEST(count(rec.of<trace::allocation>()) == 0);
     BOOST_TEST(rec.emitted() == 0u);

@@ -79,8 +79,8 @@ bool same_window(const ringkv::windowed_kv& a, const ringkv::storage& a_buf,
         x.data() - a_buf.data() != y.data() - b_buf.data())  // the same slots
       return false;
     for (std::size_t h = 0; h < x.heads(); ++h)
-      if (std::memcmp(x.row_bytes(h, 0), y.row_bytes(h, 0), x.positions() * x.head_dim() *
-                                                               x.element_bytes()) != 0)
+      if (std::memcmp(x.row_bytes(h, 0), y.row_bytes(h, 0),
+                      x.positions() * x.head_dim() * x.element_bytes()) != 0)
         return false;
   }
   return true;
@@ -114,8 +114,8 @@ bool same_compressed(const ringkv::compressed_window& a, const ringkv::compresse
 
 /// Whether the stores' own windows of [from, to) agree: zero-copy views (same slots, same bytes)
 /// for default stores, compressed runs (same codes) for the compressed ones.
-bool same_windows(const ringkv::kv_cache_store& a_, const ringkv::kv_cache_store& b_,
-                  std::size_t l, std::size_t from, std::size_t to) {
+bool same_windows(const ringkv::kv_cache_store& a_, const ringkv::kv_cache_store& b_, std::size_t l,
+                  std::size_t from, std::size_t to) {
   if (auto* a = dynamic_cast<const ringkv::default_kv_cache_store*>(&a_)) {
     const auto& b = dynamic_cast<const ringkv::default_kv_cache_store&>(b_);
     return same_window(a->key_window(l, from, to), a->key_storage(l), b.key_window(l, from, to),
@@ -125,7 +125,8 @@ bool same_windows(const ringkv::kv_cache_store& a_, const ringkv::kv_cache_store
   }
   const auto& a = dynamic_cast<const ringkv::compressed_kv_cache_store&>(a_);
   const auto& b = dynamic_cast<const ringkv::compressed_kv_cache_store&>(b_);
-  return same_compressed(a.compressed_key_window(l, from, to), b.compressed_key_window(l, from, to)) &&
+  return same_compressed(a.compressed_key_window(l, from, to),
+                         b.compressed_key_window(l, from, to)) &&
          same_compressed(a.compressed_value_window(l, from, to),
                          b.compressed_value_window(l, from, to));
 }
@@ -202,7 +203,8 @@ std::vector<float> decode_next(ringkv::kv_cache_store& s, std::size_t n) {
     for (std::span<const float> row : ringkv::decode(s, l, data.tokens))
       out.insert(out.end(), row.begin(), row.end());
   }
-  BOOST_REQUIRE(out.size() == (one_dtype ? s.config().layers * n * 2 * s.config().row_floats() : 0u));
+  BOOST_REQUIRE(out.size() ==
+                (one_dtype ? s.config().layers * n * 2 * s.config().row_floats() : 0u));
   return out;
 }
 
@@ -218,12 +220,21 @@ std::vector<state> states() {
   return {
       {"fresh dense", 104, {}, [](auto&) {}},
       {"fresh ring", 8, ring, [](auto&) {}},
-      {"partly filled dense", 110, {}, [](auto& s) { append_random(s, 0, 5, 1), append_random(s, 1, 3, 2); }},
-      {"partly filled ring", 8, ring, [](auto& s) { append_random(s, 0, 5, 3), append_random(s, 1, 7, 4); }},
-      {"wrapped many times", 8, ring, [](auto& s) { append_random(s, 0, 8 * 7 + 3, 5), append_random(s, 1, 8 * 5, 6); }},
-      {"with keep", 8, {.sliding_window = true, .keep = 2},
+      {"partly filled dense",
+       110,
+       {},
+       [](auto& s) { append_random(s, 0, 5, 1), append_random(s, 1, 3, 2); }},
+      {"partly filled ring", 8, ring,
+       [](auto& s) { append_random(s, 0, 5, 3), append_random(s, 1, 7, 4); }},
+      {"wrapped many times", 8, ring,
+       [](auto& s) { append_random(s, 0, 8 * 7 + 3, 5), append_random(s, 1, 8 * 5, 6); }},
+      {"with keep",
+       8,
+       {.sliding_window = true, .keep = 2},
        [](auto& s) { append_random(s, 0, 50, 7), append_random(s, 1, 9, 8); }},
-      {"with slack after a truncate", 10, {.sliding_window = true, .keep = 1, .slack = 3},
+      {"with slack after a truncate",
+       10,
+       {.sliding_window = true, .keep = 1, .slack = 3},
        [](auto& s) {
          append_random(s, 0, 47, 9), append_random(s, 1, 31, 10);
          s.truncate(0, 45), s.truncate(1, 28);
@@ -233,8 +244,12 @@ std::vector<state> states() {
 
 /// A small wrapped ring with sinks and mixed element types: the corruption sweep's subject.
 ringkv::default_kv_cache_store small_store() {
-  ringkv::default_kv_cache_store s({.layers = 2, .kv_heads = 1, .head_dim = 2, .capacity = 4,
-                                    .key_type = dtype::f16, .value_type = dtype::f32},
+  ringkv::default_kv_cache_store s({.layers = 2,
+                                    .kv_heads = 1,
+                                    .head_dim = 2,
+                                    .capacity = 4,
+                                    .key_type = dtype::f16,
+                                    .value_type = dtype::f32},
                                    {.sliding_window = true, .keep = 1});
   append_random(s, 0, 11, 1);
   append_random(s, 1, 3, 2);
@@ -340,13 +355,14 @@ std::vector<kind> kinds() {
   };
 }
 
-BOOST_AUTO_TEST_CASE(every_store_kind_and_state_round_trips_windows_reads_and_the_next_100_decode_outputs_bit_for_bit) {
+BOOST_AUTO_TEST_CASE(
+    every_store_kind_and_state_round_trips_windows_reads_and_the_next_100_decode_outputs_bit_for_bit) {
   std::size_t cases = 0, windows = 0, outputs = 0;
   for (const kind& k : kinds())
     for (const state& st : states()) {
       BOOST_TEST_CONTEXT(k.name << ", " << st.name) {
-        const kv_cache_config c{.layers = 2, .kv_heads = 2, .head_dim = k.head_dim,
-                                .capacity = st.capacity};
+        const kv_cache_config c{
+            .layers = 2, .kv_heads = 2, .head_dim = k.head_dim, .capacity = st.capacity};
         trace::recorder built(64), rec(64);
         auto original = k.make(c, st.options, built);
         st.fill(*original);
@@ -355,7 +371,8 @@ BOOST_AUTO_TEST_CASE(every_store_kind_and_state_round_trips_windows_reads_and_th
         // The loaded store's buffers, allocated once each and traced, as a new store's are.
         BOOST_TEST(rec.emitted() == built.emitted());
         windows += check_identical(*original, *loaded);
-        const std::vector<float> next = decode_next(*original, 100), again = decode_next(*loaded, 100);
+        const std::vector<float> next = decode_next(*original, 100),
+                                 again = decode_next(*loaded, 100);
         BOOST_TEST(same_floats(next, again));
         outputs += next.size();
         check_identical(*original, *loaded);  // and they stay identical after those 100 tokens
@@ -363,12 +380,13 @@ BOOST_AUTO_TEST_CASE(every_store_kind_and_state_round_trips_windows_reads_and_th
         ++cases;
       }
     }
-  BOOST_TEST_MESSAGE(cases << " round trips, " << windows << " held windows compared, "
-                           << outputs << " decode output floats compared");
+  BOOST_TEST_MESSAGE(cases << " round trips, " << windows << " held windows compared, " << outputs
+                           << " decode output floats compared");
   BOOST_TEST(cases == 7u * 7u);
 }
 
-BOOST_AUTO_TEST_CASE(only_held_rows_are_written_so_a_wrapped_ring_costs_its_capacity_not_its_history) {
+BOOST_AUTO_TEST_CASE(
+    only_held_rows_are_written_so_a_wrapped_ring_costs_its_capacity_not_its_history) {
   const kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = 4, .capacity = 8};
   ringkv::default_kv_cache_store ring(c, {.sliding_window = true});
   const std::size_t empty = to_bytes(ring).size();
@@ -422,7 +440,8 @@ BOOST_AUTO_TEST_CASE(a_write_that_fails_midway_leaves_the_previous_file_byte_ide
                                                  ringkv::save(s, failing);
                                                }),
                           std::runtime_error, [](const std::runtime_error& e) {
-                            return e.what() == std::string("failing_buffer: simulated failure midway");
+                            return e.what() ==
+                                   std::string("failing_buffer: simulated failure midway");
                           });
     BOOST_TEST(read_file(file) == before);
     BOOST_TEST(dir.entries() == 1u);  // the temporary file was removed
@@ -454,13 +473,18 @@ BOOST_AUTO_TEST_CASE(load_refuses_each_kind_of_damage_naming_it_and_its_byte_off
       {"magic", [](std::string& b) { b[1] = 'X'; }, "wrong magic", 0},
       {"newer version", [](std::string& b) { b[8] = 2; }, "newer format version 2", 8},
       {"unknown kind", [](std::string& b) { b[12] = 99; }, "unknown store kind 99", 12},
-      {"zero layers", [&](std::string& b) { put64(b, 16, 0); }, "config out of range: layers 0", 16},
-      {"huge head_dim", [&](std::string& b) { put64(b, 32, 1ull << 40); }, "config out of range: head_dim", 32},
+      {"zero layers", [&](std::string& b) { put64(b, 16, 0); }, "config out of range: layers 0",
+       16},
+      {"huge head_dim", [&](std::string& b) { put64(b, 32, 1ull << 40); },
+       "config out of range: head_dim", 32},
       {"bad dtype", [](std::string& b) { b[48] = 7; }, "config out of range: key_type 7", 48},
       {"ring flag", [](std::string& b) { b[50] = 2; }, "sliding_window", 50},
-      {"keep + slack", [&](std::string& b) { put64(b, 60, 3); }, "keep 1 + slack 3 must be < capacity 4", 52},
-      {"length > capacity", [&](std::string& b) { put64(b, 84, 5); }, "lengths inconsistent with capacity 4", 84},
-      {"window_start > length", [&](std::string& b) { put64(b, 76, 12); }, "window_start > length", 68},
+      {"keep + slack", [&](std::string& b) { put64(b, 60, 3); },
+       "keep 1 + slack 3 must be < capacity 4", 52},
+      {"length > capacity", [&](std::string& b) { put64(b, 84, 5); },
+       "lengths inconsistent with capacity 4", 84},
+      {"window_start > length", [&](std::string& b) { put64(b, 76, 12); }, "window_start > length",
+       68},
       {"truncated", [](std::string& b) { b.resize(b.size() - 9); }, "truncated", end - 9},
       {"checksum", [](std::string& b) { b[b.size() - 20] ^= 0x10; }, "checksum mismatch", end - 8},
       {"empty", [](std::string& b) { b.clear(); }, "truncated", 0},
@@ -485,15 +509,17 @@ BOOST_AUTO_TEST_CASE(load_refuses_each_kind_of_damage_naming_it_and_its_byte_off
   std::istringstream in(good);
   std::uint64_t at = 0;
   // Its buffers take 2 layers * 4 slots * 2 floats * (2 + 4) bytes = 96.
-  BOOST_TEST(refusal([&] { ringkv::load(in, trace::null_sink(), 95); }, &at).find("would take 96 bytes (limit 95)") !=
-             std::string::npos);
+  BOOST_TEST(refusal([&] { ringkv::load(in, trace::null_sink(), 95); }, &at)
+                 .find("would take 96 bytes (limit 95)") != std::string::npos);
   BOOST_TEST(at == 16u);
 }
 
 BOOST_AUTO_TEST_CASE(saving_a_store_type_without_a_format_is_refused) {
   class other final : public ringkv::kv_cache_store {
    public:
-    std::size_t append(std::size_t, std::span<const float>, std::span<const float>) override { return 0; }
+    std::size_t append(std::size_t, std::span<const float>, std::span<const float>) override {
+      return 0;
+    }
     std::size_t length(std::size_t) const override { return 0; }
     std::size_t window_start(std::size_t) const override { return 0; }
     kv_cache_config config() const override { return {1, 1, 1, 1}; }
@@ -507,8 +533,8 @@ BOOST_AUTO_TEST_CASE(saving_a_store_type_without_a_format_is_refused) {
   };
   std::ostringstream out;
   BOOST_CHECK_EXCEPTION(ringkv::save(other{}, out), std::invalid_argument, [](const auto& e) {
-    return store_test::mentions(e, {"ringkv::save", "no snapshot format",
-                                    "default, TurboQuant and int8 stores have"});
+    return store_test::mentions(
+        e, {"ringkv::save", "no snapshot format", "default, TurboQuant and int8 stores have"});
   });
   BOOST_TEST(out.str().empty());
 }
@@ -530,9 +556,9 @@ void sweep(const char* name, const ringkv::kv_cache_store& original) {
       return;
     }
     bad_offsets += at > bytes.size();
-    for (const char* r : {"wrong magic", "format version", "unknown store kind", "config out of range",
-                          "options out of range", "reserved byte", "lengths inconsistent",
-                          "truncated", "checksum mismatch"})
+    for (const char* r : {"wrong magic", "format version", "unknown store kind",
+                          "config out of range", "options out of range", "reserved byte",
+                          "lengths inconsistent", "truncated", "checksum mismatch"})
       if (why.find(r) != std::string::npos) return void(++reasons[r]);
     BOOST_ERROR("unclassified refusal: " << why);
   };
@@ -546,9 +572,9 @@ void sweep(const char* name, const ringkv::kv_cache_store& original) {
   for (std::size_t n = 0; n < good.size(); ++n) classify(good.substr(0, n));
   std::ostringstream counts;
   for (const auto& [why, n] : reasons) counts << ", " << why << " " << n;
-  BOOST_TEST_MESSAGE(name << " snapshot of " << good.size() << " bytes: " << flips << " flipped and "
-                                    << good.size() << " truncated variants; loaded identical "
-                                    << identical << counts.str());
+  BOOST_TEST_MESSAGE(name << " snapshot of " << good.size() << " bytes: " << flips
+                          << " flipped and " << good.size()
+                          << " truncated variants; loaded identical " << identical << counts.str());
   BOOST_TEST(identical == 0u);  // the format has no padding: every byte counts
   BOOST_TEST(bad_offsets == 0u);
   BOOST_TEST(reasons["truncated"] >= good.size());
@@ -631,20 +657,20 @@ BOOST_AUTO_TEST_CASE(nan_and_inf_in_keys_values_and_queries_are_refused_with_not
   append_random(first_only, 0, 6, 1);
   first_only.append(0, data.tokens[0].k, data.tokens[0].v);
   std::size_t rows = 0;
-  BOOST_CHECK_EXCEPTION(
-      for (auto row : ringkv::decode(s, 0, data.tokens)) rows += row.size() > 0,
-      std::invalid_argument, [](const auto& e) {
-        return store_test::mentions(e, {"ringkv::decode", "token q has a non-finite element (inf)",
-                                        "at index 1", "NaN and Inf are refused"});
-      });
+  BOOST_CHECK_EXCEPTION(for (auto row : ringkv::decode(s, 0, data.tokens)) rows += row.size() > 0,
+                        std::invalid_argument, [](const auto& e) {
+                          return store_test::mentions(
+                              e, {"ringkv::decode", "token q has a non-finite element (inf)",
+                                  "at index 1", "NaN and Inf are refused"});
+                        });
   BOOST_TEST(rows == 1u);
   BOOST_TEST((store_test::snap(s) == store_test::snap(first_only)));
   BOOST_TEST(s.length(0) == 7u);  // the first token only
   BOOST_TEST(refused == 6u);
   // A finite input too large for an f16 store is refused too (it would round to Inf); the
   // largest it holds, ±65504, is snapshotted with its exact bits.
-  ringkv::default_kv_cache_store h({.layers = 1, .kv_heads = 1, .head_dim = 2, .capacity = 2,
-                                    .key_type = dtype::f16});
+  ringkv::default_kv_cache_store h(
+      {.layers = 1, .kv_heads = 1, .head_dim = 2, .capacity = 2, .key_type = dtype::f16});
   const std::vector<float> big{1e6f, -1e6f}, largest{65519.0f, -65504.0f}, small{1.0f, 2.0f};
   BOOST_CHECK_EXCEPTION(h.append(0, big, small), std::invalid_argument, [](const auto& e) {
     return std::string(e.what()).find("key[0] = 1000000.000000 is too large for f16") !=

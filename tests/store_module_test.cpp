@@ -1,6 +1,6 @@
-// DESIGN's module table, for ringkv.store: this file imports that module alone, so it compiles
-// only while ringkv.store itself exports what the table lists there — the config, the store
-// interface, the default store (dense or ring), its memory report, and snapshot save/load.
+// The module table of docs/design.md, for ringkv.store: this file imports that module alone, so
+// it compiles only while ringkv.store itself exports what the table lists there — the config, the
+// store interface, the default store (dense or ring), its memory report, and snapshot save/load.
 #define BOOST_TEST_MODULE store_module
 #include <boost/test/unit_test.hpp>
 
@@ -43,9 +43,8 @@ BOOST_AUTO_TEST_CASE(ringkv_store_alone_saves_and_loads_a_wrapped_ring) {
              boost::test_tools::per_element());
   BOOST_TEST(back->memory().physical_bytes == store.memory().physical_bytes);
   std::istringstream junk(std::string("not a snapshot"));
-  BOOST_CHECK_EXCEPTION(ringkv::load(junk), ringkv::snapshot_error,
-                        [](const ringkv::snapshot_error& e) {
-                          return std::string(e.what()).find("wrong magic") != std::string::npos &&
-                                 e.offset() == 0;
-                        });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::load(junk), ringkv::snapshot_error, [](const ringkv::snapshot_error& e) {
+        return std::string(e.what()).find("wrong magic") != std::string::npos && e.offset() == 0;
+      });
 }

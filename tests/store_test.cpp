@@ -113,10 +113,10 @@ BOOST_AUTO_TEST_CASE(construction_allocates_one_traced_buffer_per_layer_per_side
       sites.emplace_back(a.site);
       BOOST_TEST(a.bytes == 2u * 5u * 3u * 4u);  // [kv_heads][capacity][head_dim] f32
     }
-    BOOST_TEST(sites == (std::vector<std::string>{"kv-cache-keys", "kv-cache-values",
-                                                  "kv-cache-keys", "kv-cache-values",
-                                                  "kv-cache-keys", "kv-cache-values"}),
-               boost::test_tools::per_element());
+    BOOST_TEST(
+        sites == (std::vector<std::string>{"kv-cache-keys", "kv-cache-values", "kv-cache-keys",
+                                           "kv-cache-values", "kv-cache-keys", "kv-cache-values"}),
+        boost::test_tools::per_element());
     rows r(s.config());
     r.append_all(s, 5);
     s.key_window(0, 0, 5);
@@ -201,7 +201,8 @@ BOOST_AUTO_TEST_CASE(a_wrapped_window_is_two_runs_in_position_order) {
   }
   for (kv_side side : {K, V}) {
     const auto w = side == K ? s.key_window(0, 2, 6) : s.value_window(0, 2, 6);
-    BOOST_TEST(run_lengths(w) == (std::vector<std::size_t>{2, 2}), boost::test_tools::per_element());
+    BOOST_TEST(run_lengths(w) == (std::vector<std::size_t>{2, 2}),
+               boost::test_tools::per_element());
     BOOST_TEST(first_positions(w) == (std::vector<std::size_t>{2, 4}),
                boost::test_tools::per_element());
     BOOST_TEST(w.wrapped());
@@ -254,8 +255,7 @@ BOOST_AUTO_TEST_CASE(a_window_is_zero_copy_over_the_stores_own_storage) {
     }
   }
   const auto values = generic.value_window(0, 2, 6, arena);  // runs() is a span into it
-  for (const auto& run : values.runs())
-    BOOST_TEST(s.value_storage(0).contains(run.data()));
+  for (const auto& run : values.runs()) BOOST_TEST(s.value_storage(0).contains(run.data()));
   BOOST_TEST(arena.live() == 0u);
   BOOST_TEST(rec.emitted() == 0u);  // no copy, no allocation
 
@@ -285,7 +285,8 @@ BOOST_AUTO_TEST_CASE(the_gather_adapter_agrees_with_a_ring_window_bit_for_bit_an
     for (std::size_t p = 0; p < w.runs()[i].positions(); ++p, ++row)
       for (std::size_t h = 0; h < 3; ++h) {
         const std::size_t gi = row < 2 ? 0 : 1, gp = row < 2 ? row : row - 2;
-        BOOST_TEST(std::memcmp(w.runs()[i].row_bytes(h, p), g.runs()[gi].row_bytes(h, gp), 20) == 0);
+        BOOST_TEST(std::memcmp(w.runs()[i].row_bytes(h, p), g.runs()[gi].row_bytes(h, gp), 20) ==
+                   0);
       }
   auto adapters = rec.of<trace::adapter_inserted>();
   BOOST_REQUIRE(count(adapters) == 1);
@@ -419,7 +420,8 @@ BOOST_AUTO_TEST_CASE(a_window_ending_exactly_at_the_rings_end_is_one_run) {
   BOOST_TEST(start.runs().size() == 1u);
   BOOST_TEST(slot_of_run(s, start.head()) == 0u);
   const auto both = s.key_window(0, 3, 8);
-  BOOST_TEST(run_lengths(both) == (std::vector<std::size_t>{2, 3}), boost::test_tools::per_element());
+  BOOST_TEST(run_lengths(both) == (std::vector<std::size_t>{2, 3}),
+             boost::test_tools::per_element());
   BOOST_TEST(wrong_elements(both, K, 0) == 0u);
 
   default_kv_cache_store full(config(5), ring());
@@ -498,8 +500,9 @@ BOOST_AUTO_TEST_CASE(pinned_sinks_give_three_runs_in_order) {
              boost::test_tools::per_element());
   BOOST_TEST(!unwrapped.wrapped());
   BOOST_TEST(positions_of(s.key_window(0, 0, 2)) == range(0, 2), boost::test_tools::per_element());
-  BOOST_TEST(positions_of(s.key_window(0, 11, 11)) == range(0, 2), boost::test_tools::per_element());
-  BOOST_CHECK_THROW(s.key_window(0, 1, 12), std::out_of_range);  // 2..7 were overwritten
+  BOOST_TEST(positions_of(s.key_window(0, 11, 11)) == range(0, 2),
+             boost::test_tools::per_element());
+  BOOST_CHECK_THROW(s.key_window(0, 1, 12), std::out_of_range);           // 2..7 were overwritten
   BOOST_TEST(wrong_read(read(s, K, 0, 8, 12), K, 0, 8, 12, 2, 3) == 0u);  // reads have no sinks
   BOOST_TEST(wrong_read(read(s, V, 0, 0, 2), V, 0, 0, 2, 2, 3) == 0u);
 }
@@ -607,8 +610,9 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_stores_round_to_nearest_even_and_read_back_as_
   // Inputs f16 can hold (|x| < 65520, past which it would round to Inf: refused, below).
   std::uniform_int_distribution<int> exponent(-30, 14);
   std::vector<float> row(16), keys(16), values(16);
-  const float specials[] = {1.0f / 3, 65504.0f, 65519.0f, -65519.0f, 65508.0f, 5.9604645e-8f,
-                            2.9802322e-8f, 8.940697e-8f, 1e-7f, -0.0f, 6.1035156e-5f, 1.00048828125f};
+  const float specials[] = {1.0f / 3, 65504.0f,      65519.0f,      -65519.0f,
+                            65508.0f, 5.9604645e-8f, 2.9802322e-8f, 8.940697e-8f,
+                            1e-7f,    -0.0f,         6.1035156e-5f, 1.00048828125f};
   std::size_t wrong_f16 = 0, wrong_bf16 = 0;
   for (int t = 0; t < 300; ++t) {
     for (std::size_t d = 0; d < 16; ++d)
@@ -630,7 +634,8 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_stores_round_to_nearest_even_and_read_back_as_
   BOOST_TEST((w.type() == ringkv::dtype::f16));
   BOOST_TEST((s.value_window(0, 299, 300).type() == ringkv::dtype::bf16));
 
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   // NaN and Inf are refused before anything is stored (README, "NaN and Inf")...
   const snapshot before = snap(s);
   for (const float bad : {nan, -inf}) {

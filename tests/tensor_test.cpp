@@ -106,12 +106,12 @@ BOOST_AUTO_TEST_CASE(bad_view_shapes_are_refused_with_the_argument_named) {
   BOOST_CHECK_EXCEPTION(ringkv::tensor_view(base, dtype::f32, 0, 4, 4, 16, 4),
                         std::invalid_argument, [](const auto& e) { return mentions(e, "heads"); });
   BOOST_CHECK_EXCEPTION(ringkv::tensor_view(base, dtype::f32, 1, 4, 0, 16, 4),
-                        std::invalid_argument, [](const auto& e) { return mentions(e, "head_dim"); });
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, "head_dim"); });
   BOOST_CHECK_EXCEPTION(ringkv::tensor_view(base, dtype::f32, 1, 4, 4, 16, 2),
                         std::invalid_argument,
                         [](const auto& e) { return mentions(e, "position_stride"); });
-  BOOST_CHECK_EXCEPTION(ringkv::tensor_view(base, dtype::f32, 2, 4, 4, 8, 4),
-                        std::invalid_argument,
+  BOOST_CHECK_EXCEPTION(ringkv::tensor_view(base, dtype::f32, 2, 4, 4, 8, 4), std::invalid_argument,
                         [](const auto& e) { return mentions(e, "head_stride"); });
   BOOST_CHECK_EXCEPTION(ringkv::tensor_view(nullptr, dtype::f32, 1, 4, 4, 16, 4),
                         std::invalid_argument, [](const auto& e) { return mentions(e, "null"); });
@@ -127,8 +127,8 @@ BOOST_AUTO_TEST_CASE(bad_view_shapes_are_refused_with_the_argument_named) {
 #ifndef NDEBUG
 BOOST_AUTO_TEST_CASE(row_access_is_bounds_checked_in_debug_builds) {
   std::vector<float> data(16);
-  auto v = ringkv::tensor_view::contiguous(reinterpret_cast<std::byte*>(data.data()), dtype::f32,
-                                           2, 2, 4);
+  auto v = ringkv::tensor_view::contiguous(reinterpret_cast<std::byte*>(data.data()), dtype::f32, 2,
+                                           2, 4);
   BOOST_CHECK_EXCEPTION(v.row<float>(2, 0), std::out_of_range, [](const auto& e) {
     return mentions(e, "row (head 2, position 0) outside [2, 2)");
   });
@@ -146,7 +146,7 @@ BOOST_AUTO_TEST_CASE(a_scope_bumps_aligned_blocks_and_reports_live_bytes_on_rese
   ringkv::scope s(4096, r);
   BOOST_TEST(bytes_of_allocations(r) == (std::vector<std::size_t>{4096}),
              boost::test_tools::per_element());
-  auto a = s.allocate(10, dtype::f32);  // 40 bytes -> 64 with alignment
+  auto a = s.allocate(10, dtype::f32);            // 40 bytes -> 64 with alignment
   auto b = s.allocate_view(dtype::f16, 2, 3, 5);  // 60 bytes -> 64
   BOOST_TEST(reinterpret_cast<std::uintptr_t>(a.data()) % 64 == 0u);
   BOOST_TEST(reinterpret_cast<std::uintptr_t>(b.data()) % 64 == 0u);
@@ -190,8 +190,8 @@ BOOST_AUTO_TEST_CASE(a_scope_reset_to_a_size_known_in_advance_takes_it_in_one_tr
   BOOST_TEST(s.capacity() == 4032u);
   r.clear();
   for (int i = 0; i < 3; ++i) s.allocate_bytes(1000);  // 1024 each with the alignment
-  s.allocate_bytes(960);                                // the slab's last 960 bytes
-  s.reset(4032);  // already held: nothing
+  s.allocate_bytes(960);                               // the slab's last 960 bytes
+  s.reset(4032);                                       // already held: nothing
   s.reset(10);
   BOOST_TEST(ranges::distance(r.of<trace::allocation>()) == 0);
   BOOST_TEST(s.capacity() == 4032u);

@@ -142,8 +142,8 @@ BOOST_AUTO_TEST_CASE(the_chrome_trace_is_valid_json_with_one_entry_per_event) {
   BOOST_TEST(events.size() == 5u);
   std::vector<std::string> names;
   for (const auto& [_, e] : events) names.push_back(e.get<std::string>("name"));
-  BOOST_TEST(names == (std::vector<std::string>{"kv \"layer\" 0", "gather-kv-window",
-                                                "scope_reset", "decode_step", "kv"}),
+  BOOST_TEST(names == (std::vector<std::string>{"kv \"layer\" 0", "gather-kv-window", "scope_reset",
+                                                "decode_step", "kv"}),
              boost::test_tools::per_element());
   auto it = events.begin();
   BOOST_TEST(it->second.get<std::size_t>("args.bytes") == 4096u);

@@ -39,8 +39,13 @@ struct ring_buffer {
   }
   /// Slots [slot, slot + count) of every head.
   tensor_view view(std::size_t slot, std::size_t count) {
-    return {bytes.data() + slot * head_dim * ringkv::size_of(type), type, heads, count, head_dim,
-            slots * head_dim, head_dim};
+    return {bytes.data() + slot * head_dim * ringkv::size_of(type),
+            type,
+            heads,
+            count,
+            head_dim,
+            slots * head_dim,
+            head_dim};
   }
   dtype type;
   std::size_t heads, slots, head_dim;
@@ -64,7 +69,8 @@ BOOST_AUTO_TEST_CASE(a_window_refuses_runs_that_disagree_on_heads_head_dim_or_dt
                         std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"head_dim 5", "head_dim 4"}); });
   BOOST_CHECK_EXCEPTION(windowed_kv(keys.view(4, 4), other_type.view(0, 2), 4),
-                        std::invalid_argument, [](const auto& e) { return mentions(e, {"f16", "f32"}); });
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"f16", "f32"}); });
   const kv_run mixed[] = {{keys.view(0, 2), 0}, {keys.view(4, 2), 6}, {other_dim.view(0, 2), 8}};
   BOOST_CHECK_EXCEPTION(windowed_kv{std::span(mixed)}, std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"run 2", "head_dim 5"}); });
@@ -76,13 +82,20 @@ BOOST_AUTO_TEST_CASE(runs_must_move_forward_in_position_and_number_at_most_four)
   BOOST_CHECK_EXCEPTION(windowed_kv{std::span(backwards)}, std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"position 12", "(14)"}); });
   // Four: pinned sinks, the ring's head and tail, and a prefill chunk's rows.
-  const kv_run four[] = {{b.view(0, 1), 0}, {b.view(1, 1), 2}, {b.view(2, 1), 4}, {b.view(3, 1), 6}};
+  const kv_run four[] = {
+      {b.view(0, 1), 0}, {b.view(1, 1), 2}, {b.view(2, 1), 4}, {b.view(3, 1), 6}};
   BOOST_TEST(windowed_kv{std::span(four)}.runs().size() == 4u);
-  const kv_run five[] = {{b.view(0, 1), 0}, {b.view(1, 1), 2}, {b.view(2, 1), 4}, {b.view(3, 1), 6},
+  const kv_run five[] = {{b.view(0, 1), 0},
+                         {b.view(1, 1), 2},
+                         {b.view(2, 1), 4},
+                         {b.view(3, 1), 6},
                          {b.view(4, 1), 8}};
   BOOST_CHECK_EXCEPTION(windowed_kv{std::span(five)}, std::invalid_argument,
                         [](const auto& e) { return mentions(e, {"more than 4 runs"}); });
-  const kv_run padded[] = {{b.view(0, 1), 0}, {b.view(1, 0), 1}, {b.view(2, 1), 4}, {b.view(3, 1), 6},
+  const kv_run padded[] = {{b.view(0, 1), 0},
+                           {b.view(1, 0), 1},
+                           {b.view(2, 1), 4},
+                           {b.view(3, 1), 6},
                            {b.view(4, 1), 8}};
   BOOST_TEST(windowed_kv{std::span(padded)}.runs().size() == 4u);  // the empty run is dropped
 }
@@ -163,7 +176,8 @@ BOOST_AUTO_TEST_CASE(gather_is_bit_exact_and_traced_once_per_gather_with_its_byt
           std::size_t out = 0;
           for (const tensor_view& run : w.runs())
             for (std::size_t p = 0; p < run.positions(); ++p, ++out)
-              differing += std::memcmp(g.row_bytes(h, out), run.row_bytes(h, p), head_dim * elem) != 0;
+              differing +=
+                  std::memcmp(g.row_bytes(h, out), run.row_bytes(h, p), head_dim * elem) != 0;
         }
         BOOST_TEST(differing == 0u);
       }

@@ -30,19 +30,32 @@ static_assert(std::endian::native == std::endian::little, "the GGUF reader assum
 
 std::string type_name(value_type t) {
   switch (t) {
-    case value_type::u8: return "u8";
-    case value_type::i8: return "i8";
-    case value_type::u16: return "u16";
-    case value_type::i16: return "i16";
-    case value_type::u32: return "u32";
-    case value_type::i32: return "i32";
-    case value_type::f32: return "f32";
-    case value_type::boolean: return "bool";
-    case value_type::string: return "string";
-    case value_type::array: return "array";
-    case value_type::u64: return "u64";
-    case value_type::i64: return "i64";
-    case value_type::f64: return "f64";
+    case value_type::u8:
+      return "u8";
+    case value_type::i8:
+      return "i8";
+    case value_type::u16:
+      return "u16";
+    case value_type::i16:
+      return "i16";
+    case value_type::u32:
+      return "u32";
+    case value_type::i32:
+      return "i32";
+    case value_type::f32:
+      return "f32";
+    case value_type::boolean:
+      return "bool";
+    case value_type::string:
+      return "string";
+    case value_type::array:
+      return "array";
+    case value_type::u64:
+      return "u64";
+    case value_type::i64:
+      return "i64";
+    case value_type::f64:
+      return "f64";
   }
   return "type " + std::to_string(static_cast<std::uint32_t>(t));
 }
@@ -65,11 +78,13 @@ class cursor {
   std::string string(const std::string& field, std::size_t max) {
     const std::uint64_t start = pos_;
     const auto n = read<std::uint64_t>(field + " length");
-    if (n > max) throw format_error(field + " length", start, std::to_string(n) + " exceeds " + std::to_string(max));
-    if (n > left())
+    if (n > max)
       throw format_error(field + " length", start,
-                         std::to_string(n) + " bytes but only " + std::to_string(left()) +
-                             " remain in the file");
+                         std::to_string(n) + " exceeds " + std::to_string(max));
+    if (n > left())
+      throw format_error(
+          field + " length", start,
+          std::to_string(n) + " bytes but only " + std::to_string(left()) + " remain in the file");
     std::string s(reinterpret_cast<const char*>(b_.data() + pos_), n);
     pos_ += n;
     return s;
@@ -90,12 +105,24 @@ class cursor {
 /// allocated: a count larger than the bytes left could hold is refused).
 std::uint64_t min_size(value_type t) {
   switch (t) {
-    case value_type::u8: case value_type::i8: case value_type::boolean: return 1;
-    case value_type::u16: case value_type::i16: return 2;
-    case value_type::u32: case value_type::i32: case value_type::f32: return 4;
-    case value_type::u64: case value_type::i64: case value_type::f64: case value_type::string:
+    case value_type::u8:
+    case value_type::i8:
+    case value_type::boolean:
+      return 1;
+    case value_type::u16:
+    case value_type::i16:
+      return 2;
+    case value_type::u32:
+    case value_type::i32:
+    case value_type::f32:
+      return 4;
+    case value_type::u64:
+    case value_type::i64:
+    case value_type::f64:
+    case value_type::string:
       return 8;
-    case value_type::array: return 12;
+    case value_type::array:
+      return 12;
   }
   return 1;
 }
@@ -104,24 +131,36 @@ bool known(std::uint32_t t) { return t <= static_cast<std::uint32_t>(value_type:
 
 scalar read_scalar(cursor& c, value_type t, const std::string& field) {
   switch (t) {
-    case value_type::u8: return std::uint64_t(c.read<std::uint8_t>(field));
-    case value_type::i8: return std::int64_t(c.read<std::int8_t>(field));
-    case value_type::u16: return std::uint64_t(c.read<std::uint16_t>(field));
-    case value_type::i16: return std::int64_t(c.read<std::int16_t>(field));
-    case value_type::u32: return std::uint64_t(c.read<std::uint32_t>(field));
-    case value_type::i32: return std::int64_t(c.read<std::int32_t>(field));
-    case value_type::f32: return double(c.read<float>(field));
-    case value_type::u64: return c.read<std::uint64_t>(field);
-    case value_type::i64: return c.read<std::int64_t>(field);
-    case value_type::f64: return c.read<double>(field);
+    case value_type::u8:
+      return std::uint64_t(c.read<std::uint8_t>(field));
+    case value_type::i8:
+      return std::int64_t(c.read<std::int8_t>(field));
+    case value_type::u16:
+      return std::uint64_t(c.read<std::uint16_t>(field));
+    case value_type::i16:
+      return std::int64_t(c.read<std::int16_t>(field));
+    case value_type::u32:
+      return std::uint64_t(c.read<std::uint32_t>(field));
+    case value_type::i32:
+      return std::int64_t(c.read<std::int32_t>(field));
+    case value_type::f32:
+      return double(c.read<float>(field));
+    case value_type::u64:
+      return c.read<std::uint64_t>(field);
+    case value_type::i64:
+      return c.read<std::int64_t>(field);
+    case value_type::f64:
+      return c.read<double>(field);
     case value_type::boolean: {
       const std::uint64_t at = c.at();
       const auto b = c.read<std::uint8_t>(field);
       if (b > 1) throw format_error(field, at, "bool byte " + std::to_string(b) + " is not 0 or 1");
       return b == 1;
     }
-    case value_type::string: return c.string(field, std::numeric_limits<std::uint64_t>::max());
-    case value_type::array: break;
+    case value_type::string:
+      return c.string(field, std::numeric_limits<std::uint64_t>::max());
+    case value_type::array:
+      break;
   }
   throw format_error(field, c.at(), "nested arrays are not supported");
 }
@@ -284,9 +323,11 @@ file::file(std::vector<std::byte> bytes) : bytes_(std::move(bytes)) {
   const std::uint64_t data_start = align_up(c.at(), alignment_);
   if (data_start > bytes_.size() && tensor_count > 0)
     throw format_error("data section", c.at(),
-                       "starts at byte " + std::to_string(data_start) + ", past the end of the file (" +
-                           std::to_string(bytes_.size()) + " bytes)");
-  const std::uint64_t data_size = bytes_.size() - std::min<std::uint64_t>(data_start, bytes_.size());
+                       "starts at byte " + std::to_string(data_start) +
+                           ", past the end of the file (" + std::to_string(bytes_.size()) +
+                           " bytes)");
+  const std::uint64_t data_size =
+      bytes_.size() - std::min<std::uint64_t>(data_start, bytes_.size());
   // Bounds, then overlaps: sorted by offset, each tensor must end before the next begins.
   std::vector<std::size_t> order(tensors_.size());
   for (std::size_t i = 0; i < order.size(); ++i) {
@@ -307,8 +348,7 @@ file::file(std::vector<std::byte> bytes) : bytes_(std::move(bytes)) {
     const tensor_info& t = tensors_[order[k]];
     if (t.offset < prev.offset + prev.data.size())
       throw format_error("tensor " + std::to_string(order[k]) + " (" + t.name + ") offset",
-                         offset_at[order[k]],
-                         "its data overlaps tensor " + prev.name + "'s");
+                         offset_at[order[k]], "its data overlaps tensor " + prev.name + "'s");
   }
 }
 
@@ -386,10 +426,14 @@ std::vector<std::uint64_t> file::get_uint_array(std::string_view key) const {
   if (v.type != value_type::array) wrong_type(key, "an array");
   std::vector<std::uint64_t> out;
   for (const scalar& s : v.many) {
-    if (const auto* u = std::get_if<std::uint64_t>(&s)) out.push_back(*u);
-    else if (const auto* b = std::get_if<bool>(&s)) out.push_back(*b ? 1 : 0);
-    else if (const auto* i = std::get_if<std::int64_t>(&s); i && *i >= 0) out.push_back(std::uint64_t(*i));
-    else wrong_type(key, "an array of unsigned integers or bools");
+    if (const auto* u = std::get_if<std::uint64_t>(&s))
+      out.push_back(*u);
+    else if (const auto* b = std::get_if<bool>(&s))
+      out.push_back(*b ? 1 : 0);
+    else if (const auto* i = std::get_if<std::int64_t>(&s); i && *i >= 0)
+      out.push_back(std::uint64_t(*i));
+    else
+      wrong_type(key, "an array of unsigned integers or bools");
   }
   return out;
 }
@@ -506,7 +550,7 @@ std::uint16_t float_to_half(float f) noexcept {
   if (abs >= 0x7f800000u)  // Inf or NaN
     return sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0);
   if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds to at least 65520: Inf
-  if (abs < 0x38800000u) {                         // below the smallest normal half: subnormal
+  if (abs < 0x38800000u) {                       // below the smallest normal half: subnormal
     // Value in units of 2^-24, rounded to nearest even by the FPU's own float arithmetic.
     float a;
     std::memcpy(&a, &abs, 4);

@@ -19,8 +19,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// columns in steps of two vectors, one more vector, then the scalar tail; the same steps for
 /// every T, so the sum of a token never depends on its neighbours.
 template <std::size_t T>
-HWY_INLINE void RowDots(const float* HWY_RESTRICT w, std::size_t cols,
-                        const float* HWY_RESTRICT x, float* HWY_RESTRICT out) {
+HWY_INLINE void RowDots(const float* HWY_RESTRICT w, std::size_t cols, const float* HWY_RESTRICT x,
+                        float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> d;
   const std::size_t N = hn::Lanes(d);
   using V = hn::Vec<decltype(d)>;
@@ -36,7 +36,8 @@ HWY_INLINE void RowDots(const float* HWY_RESTRICT w, std::size_t cols,
   }
   if (c + N <= cols) {
     const V w0 = hn::LoadU(d, w + c);
-    for (std::size_t t = 0; t < T; ++t) a0[t] = hn::MulAdd(w0, hn::LoadU(d, x + t * cols + c), a0[t]);
+    for (std::size_t t = 0; t < T; ++t)
+      a0[t] = hn::MulAdd(w0, hn::LoadU(d, x + t * cols + c), a0[t]);
     c += N;
   }
   for (std::size_t t = 0; t < T; ++t) {

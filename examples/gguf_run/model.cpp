@@ -52,8 +52,8 @@ void rms_norm(const float* x, std::size_t n, std::size_t dim, const std::vector<
 /// RoPE of `heads` heads of each of n rows at positions pos0 …, as ggml's CPU backend: the
 /// angle of pair i is the position times base^(-2i/dim), formed by repeated multiplication in
 /// float. `neox`: pairs (i, i + dim/2) (gemma3); else adjacent pairs (2i, 2i+1) (granite).
-void rope(float* x, std::size_t n, std::size_t heads, std::size_t dim, std::size_t pos0,
-          float base, bool neox) {
+void rope(float* x, std::size_t n, std::size_t heads, std::size_t dim, std::size_t pos0, float base,
+          bool neox) {
   const float theta_scale = std::pow(base, -2.0f / float(dim));
   std::vector<float> cs(dim);
   for (std::size_t r = 0; r < n; ++r) {
@@ -118,11 +118,16 @@ std::optional<cache_type> parse_cache_type(std::string_view s) {
 
 const char* name_of(cache_type t) noexcept {
   switch (t) {
-    case cache_type::f32: return "f32";
-    case cache_type::f16: return "f16";
-    case cache_type::bf16: return "bf16";
-    case cache_type::turboquant: return "turboquant";
-    case cache_type::int8: return "int8";
+    case cache_type::f32:
+      return "f32";
+    case cache_type::f16:
+      return "f16";
+    case cache_type::bf16:
+      return "bf16";
+    case cache_type::turboquant:
+      return "turboquant";
+    case cache_type::int8:
+      return "int8";
   }
   return "?";
 }
@@ -135,8 +140,10 @@ model model::from(const gguf::file& f) {
   model m;
   hyper& hp = m.hp;
   const std::string arch = f.get_string("general.architecture");
-  if (arch == "granite_swa") hp.arch = architecture::granite_swa;
-  else if (arch == "gemma3") hp.arch = architecture::gemma3;
+  if (arch == "granite_swa")
+    hp.arch = architecture::granite_swa;
+  else if (arch == "gemma3")
+    hp.arch = architecture::gemma3;
   else
     throw gguf::format_error("general.architecture", 0,
                              "\"" + arch + "\" is not supported (granite_swa, gemma3)");
@@ -148,9 +155,9 @@ model model::from(const gguf::file& f) {
   hp.kv_heads = positive(f, key("attention.head_count_kv"),
                          f.get_u32(key("attention.head_count_kv"), std::uint32_t(hp.heads)));
   if (hp.heads % hp.kv_heads != 0)
-    throw gguf::format_error(key("attention.head_count_kv"), 0,
-                             std::to_string(hp.kv_heads) + " does not divide head_count " +
-                                 std::to_string(hp.heads));
+    throw gguf::format_error(
+        key("attention.head_count_kv"), 0,
+        std::to_string(hp.kv_heads) + " does not divide head_count " + std::to_string(hp.heads));
   hp.head_dim = positive(f, key("attention.key_length"),
                          f.get_u32(key("attention.key_length"), std::uint32_t(hp.embd / hp.heads)));
   if (f.get_u32(key("attention.value_length"), std::uint32_t(hp.head_dim)) != hp.head_dim)
@@ -171,13 +178,13 @@ model model::from(const gguf::file& f) {
     hp.attention_scale = f.get_f32(key("attention.scale"), 0.0f);
     hp.embedding_scale = f.get_f32(key("embedding_scale"), 0.0f);
     hp.residual_scale = f.get_f32(key("residual_scale"), 0.0f);
-    hp.window = positive(f, key("attention.sliding_window"),
-                         f.get_u32(key("attention.sliding_window")));
+    hp.window =
+        positive(f, key("attention.sliding_window"), f.get_u32(key("attention.sliding_window")));
     const auto pattern = f.get_uint_array(key("attention.sliding_window_pattern"));
     if (pattern.size() != hp.layers)
-      throw gguf::format_error(key("attention.sliding_window_pattern"), 0,
-                               std::to_string(pattern.size()) + " entries for " +
-                                   std::to_string(hp.layers) + " layers");
+      throw gguf::format_error(
+          key("attention.sliding_window_pattern"), 0,
+          std::to_string(pattern.size()) + " entries for " + std::to_string(hp.layers) + " layers");
     for (std::size_t l = 0; l < hp.layers; ++l) hp.sliding[l] = pattern[l] != 0;
   } else {
     hp.window = f.get_u32(key("attention.sliding_window"), 0);
@@ -255,13 +262,16 @@ struct runner::impl {
       const ringkv::dtype t = o.cache == cache_type::f16    ? ringkv::dtype::f16
                               : o.cache == cache_type::bf16 ? ringkv::dtype::bf16
                                                             : ringkv::dtype::f32;
-      const ringkv::kv_cache_config c{.layers = 1, .kv_heads = hp.kv_heads,
+      const ringkv::kv_cache_config c{.layers = 1,
+                                      .kv_heads = hp.kv_heads,
                                       .head_dim = hp.head_dim,
                                       .capacity = ring ? hp.window : o.max_positions,
-                                      .key_type = t, .value_type = t};
+                                      .key_type = t,
+                                      .value_type = t};
       const ringkv::store_options so{.sliding_window = ring};
       if (o.cache == cache_type::turboquant)
-        stores.push_back(std::make_unique<ringkv::turboquant_kv_cache_store>(c, ringkv::turboquant_options{}, so));
+        stores.push_back(std::make_unique<ringkv::turboquant_kv_cache_store>(
+            c, ringkv::turboquant_options{}, so));
       else if (o.cache == cache_type::int8)
         stores.push_back(std::make_unique<ringkv::int8_kv_cache_store>(c, so));
       else
@@ -342,9 +352,9 @@ struct runner::impl {
         decoders[l].step({q, k, v}, att);
       } else {
         arena.reset();
-        attention.prefill(*stores[l], 0, q, k, v, att,
-                          {.window = window(l), .scale = scale(), .sinks = sinks(l),
-                           .arena = &arena});
+        attention.prefill(
+            *stores[l], 0, q, k, v, att,
+            {.window = window(l), .scale = scale(), .sinks = sinks(l), .arena = &arena});
       }
       attention_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -359,9 +369,9 @@ struct runner::impl {
       matmul(w.gate, h, n, gate);
       matmul(w.up, h, n, up);
       for (std::size_t i = 0; i < gate.size(); ++i)
-        gate[i] = (gemma ? (o.gelu_f16_table ? gelu_f16_table(gate[i]) : gelu(gate[i]))
-                         : silu(gate[i])) *
-                  up[i];
+        gate[i] =
+            (gemma ? (o.gelu_f16_table ? gelu_f16_table(gate[i]) : gelu(gate[i])) : silu(gate[i])) *
+            up[i];
       matmul(w.down, gate, n, o_buf);
       if (gemma) {
         rms_norm(o_buf.data(), n, E, w.post_ffn_norm, hp.rms_eps, o_buf.data());
@@ -384,8 +394,7 @@ struct runner::impl {
   }
 };
 
-runner::runner(const model& m, run_options options)
-    : impl_(std::make_unique<impl>(m, options)) {}
+runner::runner(const model& m, run_options options) : impl_(std::make_unique<impl>(m, options)) {}
 runner::~runner() = default;
 
 void runner::prefill(std::span<const std::int32_t> tokens, std::span<float> logits) {
@@ -402,8 +411,7 @@ double runner::attention_seconds() const noexcept { return impl_->attention_seco
 const model& runner::weights() const noexcept { return impl_->m; }
 
 std::int32_t argmax(std::span<const float> logits) {
-  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                   logits.begin());
+  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 }  // namespace gguf_run

@@ -39,7 +39,7 @@ struct hyper {
   float attention_scale = 0.0f;  // granite: 0 → 1/sqrt(head_dim); gemma3: applied to q
   float logit_scale = 1.0f;      // granite: logits are divided by it
   float embedding_scale = 0.0f, residual_scale = 0.0f;  // granite; 0: not applied
-  float softcap = 0.0f;          // gemma3: final logit soft-capping; 0: none
+  float softcap = 0.0f;                                 // gemma3: final logit soft-capping; 0: none
 };
 
 /// Row-major [rows, cols] f32 weights (a GGUF tensor of dims {cols, rows}).
@@ -51,7 +51,7 @@ struct matrix {
 struct layer_weights {
   std::vector<float> attn_norm, ffn_norm;
   matrix wq, wk, wv, wo, gate, up, down;
-  std::vector<float> sinks;                                       // granite_swa
+  std::vector<float> sinks;                                          // granite_swa
   std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;  // gemma3
 };
 

@@ -14,19 +14,20 @@
 
 namespace {
 void usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: gguf_run --model FILE (--prompt ID,ID,... | --random-prompt N [--seed S])\n"
-               "                [--generate N] [--chunk N] [--threads N] [--cache TYPE]\n"
-               "                [--logits FILE] [--gelu-f16]\n"
-               "  --prompt         token ids, comma-separated\n"
-               "  --random-prompt  N token ids drawn from the vocabulary (seeded by --seed)\n"
-               "  --generate N     tokens to generate greedily after the prompt (default 8)\n"
-               "  --chunk N        prompt tokens a prefill call (default 64)\n"
-               "  --threads N      threads for matrix products and attention (default 1)\n"
-               "  --cache TYPE     K/V cache: f32 (default), f16, bf16, turboquant, int8\n"
-               "  --logits FILE    write the logits of every position, f32 little-endian\n"
-               "                   [positions, vocab], prompt then generated tokens\n"
-               "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");
+  std::fprintf(
+      to,
+      "usage: gguf_run --model FILE (--prompt ID,ID,... | --random-prompt N [--seed S])\n"
+      "                [--generate N] [--chunk N] [--threads N] [--cache TYPE]\n"
+      "                [--logits FILE] [--gelu-f16]\n"
+      "  --prompt         token ids, comma-separated\n"
+      "  --random-prompt  N token ids drawn from the vocabulary (seeded by --seed)\n"
+      "  --generate N     tokens to generate greedily after the prompt (default 8)\n"
+      "  --chunk N        prompt tokens a prefill call (default 64)\n"
+      "  --threads N      threads for matrix products and attention (default 1)\n"
+      "  --cache TYPE     K/V cache: f32 (default), f16, bf16, turboquant, int8\n"
+      "  --logits FILE    write the logits of every position, f32 little-endian\n"
+      "                   [positions, vocab], prompt then generated tokens\n"
+      "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");
 }
 
 bool count(const char* s, std::size_t& out, std::size_t min = 0) {
@@ -49,18 +50,31 @@ int main(int argc, char** argv) {
   gguf_run::run_options opts;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h") { usage(stdout); return 0; }
-    if (a == "--gelu-f16") { opts.gelu_f16_table = true; continue; }
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    if (a == "--gelu-f16") {
+      opts.gelu_f16_table = true;
+      continue;
+    }
     const char* v = i + 1 < argc ? argv[++i] : nullptr;
     bool ok = v != nullptr;
-    if (!ok) {}
-    else if (a == "--model") model_path = v;
-    else if (a == "--logits") logits_path = v;
-    else if (a == "--random-prompt") ok = count(v, random_prompt, 1);
-    else if (a == "--seed") ok = count(v, seed);
-    else if (a == "--generate") ok = count(v, generate);
-    else if (a == "--chunk") ok = count(v, chunk, 1);
-    else if (a == "--threads") ok = count(v, threads, 1);
+    if (!ok) {
+    } else if (a == "--model")
+      model_path = v;
+    else if (a == "--logits")
+      logits_path = v;
+    else if (a == "--random-prompt")
+      ok = count(v, random_prompt, 1);
+    else if (a == "--seed")
+      ok = count(v, seed);
+    else if (a == "--generate")
+      ok = count(v, generate);
+    else if (a == "--chunk")
+      ok = count(v, chunk, 1);
+    else if (a == "--threads")
+      ok = count(v, threads, 1);
     else if (a == "--cache") {
       const auto t = gguf_run::parse_cache_type(v);
       ok = t.has_value();
@@ -75,10 +89,17 @@ int main(int argc, char** argv) {
         prompt.push_back(static_cast<std::int32_t>(id));
         p = q + 1;
       }
-    } else ok = false;
-    if (!ok) { usage(stderr); return 2; }
+    } else
+      ok = false;
+    if (!ok) {
+      usage(stderr);
+      return 2;
+    }
   }
-  if (model_path.empty() || (prompt.empty() == (random_prompt == 0))) { usage(stderr); return 2; }
+  if (model_path.empty() || (prompt.empty() == (random_prompt == 0))) {
+    usage(stderr);
+    return 2;
+  }
   try {
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_run::model m = gguf_run::model::from(gguf::file::read(model_path));
@@ -94,10 +115,11 @@ int main(int argc, char** argv) {
     opts.max_positions = prompt.size() + generate;
     std::size_t sliding = 0;
     for (bool b : hp.sliding) sliding += b;
-    std::printf("gguf_run: %s, %zu layers (%zu sliding, window %zu), embd %zu, %zu/%zu heads of "
-                "%zu, ff %zu, vocab %zu; loaded in %.3f s\n",
-                gguf_run::name_of(hp.arch), hp.layers, sliding, hp.window, hp.embd, hp.heads,
-                hp.kv_heads, hp.head_dim, hp.ff, hp.vocab, seconds_since(load_start));
+    std::printf(
+        "gguf_run: %s, %zu layers (%zu sliding, window %zu), embd %zu, %zu/%zu heads of "
+        "%zu, ff %zu, vocab %zu; loaded in %.3f s\n",
+        gguf_run::name_of(hp.arch), hp.layers, sliding, hp.window, hp.embd, hp.heads, hp.kv_heads,
+        hp.head_dim, hp.ff, hp.vocab, seconds_since(load_start));
     std::printf("gguf_run: %s K/V cache, %zu thread%s, chunks of %zu, matmul target %s\n",
                 gguf_run::name_of(opts.cache), threads, threads == 1 ? "" : "s", chunk,
                 gguf_run::matmul_target());
@@ -126,7 +148,8 @@ int main(int argc, char** argv) {
     for (auto t : generated) std::printf(" %d", t);
     std::printf("\n");
     std::printf("prefill: %zu tokens in %.3f s, %.1f tok/s (attention %.1f%%)\n", prompt.size(),
-                prefill_s, double(prompt.size()) / prefill_s, 100.0 * prefill_attention / prefill_s);
+                prefill_s, double(prompt.size()) / prefill_s,
+                100.0 * prefill_attention / prefill_s);
     if (generate > 0)
       std::printf("decode: %zu tokens in %.3f s, %.1f tok/s (attention %.1f%%)\n", generate,
                   decode_s, double(generate) / decode_s, 100.0 * decode_attention / decode_s);
@@ -136,8 +159,8 @@ int main(int argc, char** argv) {
                 static_cast<std::streamsize>(logits.size() * sizeof(float)));
       out.close();
       if (!out) throw std::runtime_error("cannot write " + logits_path);
-      std::printf("logits: %zu positions x %zu written to %s\n", prompt.size() + generate,
-                  hp.vocab, logits_path.c_str());
+      std::printf("logits: %zu positions x %zu written to %s\n", prompt.size() + generate, hp.vocab,
+                  logits_path.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gguf_run: %s\n", e.what());

@@ -41,8 +41,7 @@ windowed_attention& windowed_attention::operator=(const windowed_attention& othe
   return *this;
 }
 
-void windowed_attention::reserve(std::size_t q_heads, std::size_t head_dim,
-                                 std::size_t positions) {
+void windowed_attention::reserve(std::size_t q_heads, std::size_t head_dim, std::size_t positions) {
   if (pool_ == nullptr) return;
   fit(scratch_, kernels::split_scratch_floats(q_heads, head_dim, positions), *sink_);
 }
@@ -70,28 +69,28 @@ void windowed_attention::decode_step(std::span<const float> query, const windowe
   kernels::check_decode("ringkv::windowed_attention::decode_step", query, keys, values, out, scale,
                         sinks);
   require_finite("windowed_attention::decode_step", "query", query);
-  const std::size_t read = window_bytes(keys) + window_bytes(values) + query.size_bytes() +
-                           sinks.size_bytes();
+  const std::size_t read =
+      window_bytes(keys) + window_bytes(values) + query.size_bytes() + sinks.size_bytes();
   detail::traced(*sink_, "attention.decode_step", read, out.size_bytes(),
-         [&] { attend(query, keys, values, out, scale, sinks); });
+                 [&] { attend(query, keys, values, out, scale, sinks); });
 }
 
-void windowed_attention::decode_step_gathered(std::span<const float> query,
-                                              const windowed_kv& keys, const windowed_kv& values,
-                                              std::span<float> out, scope& arena, float scale,
+void windowed_attention::decode_step_gathered(std::span<const float> query, const windowed_kv& keys,
+                                              const windowed_kv& values, std::span<float> out,
+                                              scope& arena, float scale,
                                               std::span<const float> sinks) const {
   kernels::check_decode("ringkv::windowed_attention::decode_step_gathered", query, keys, values,
                         out, scale, sinks);
   require_finite("windowed_attention::decode_step_gathered", "query", query);
   const std::size_t copied = window_bytes(keys) + window_bytes(values);
   // The copy is read once to gather and once by the kernel.
-  detail::traced(*sink_, "attention.decode_step_gathered", 2 * copied + query.size_bytes() +
-                                                       sinks.size_bytes(),
-         copied + out.size_bytes(), [&] {
-           const windowed_kv k = keys.gathered(arena, *sink_, "keys");
-           const windowed_kv v = values.gathered(arena, *sink_, "values");
-           attend(query, k, v, out, scale, sinks);
-         });
+  detail::traced(*sink_, "attention.decode_step_gathered",
+                 2 * copied + query.size_bytes() + sinks.size_bytes(), copied + out.size_bytes(),
+                 [&] {
+                   const windowed_kv k = keys.gathered(arena, *sink_, "keys");
+                   const windowed_kv v = values.gathered(arena, *sink_, "values");
+                   attend(query, k, v, out, scale, sinks);
+                 });
 }
 
 }  // namespace ringkv
@@ -159,15 +158,15 @@ compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept
              : nullptr;
 }
 
-void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes,
-                       std::size_t layer, std::size_t window, const token_step& t,
-                       const windowed_attention& attention, trace::sink& sink, scope* arena) {
+void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
+                       std::size_t window, const token_step& t, const windowed_attention& attention,
+                       trace::sink& sink, scope* arena) {
   if (codes != nullptr) {
     const std::size_t p = codes->append(layer, t.k, t.v);
     const std::size_t from = window_from(p, window, codes->options().keep);
-    compressed_kv_attention(attention_options{&sink}).decode_step(
-        t.q, codes->compressed_key_window(layer, from, p + 1),
-        codes->compressed_value_window(layer, from, p + 1), t.out, t.scale, t.sinks);
+    compressed_kv_attention(attention_options{&sink})
+        .decode_step(t.q, codes->compressed_key_window(layer, from, p + 1),
+                     codes->compressed_value_window(layer, from, p + 1), t.out, t.scale, t.sinks);
     return;
   }
   const auto [keys, values] = append_and_window(store, layer, t.k, t.v, window, *arena);

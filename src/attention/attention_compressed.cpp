@@ -49,9 +49,9 @@ void check_windows(const compressed_window& keys, const compressed_window& value
   std::size_t nk = 0, nv = 0;
   const auto kp = intervals(keys, nk), vp = intervals(values, nv);
   if (nk != nv || !std::equal(kp.begin(), kp.begin() + nk, vp.begin()))
-    refuse("keys cover positions [" + str(keys.first_position()) + ", " +
-           str(keys.end_position()) + ") in " + str(nk) + " pieces but values [" +
-           str(values.first_position()) + ", " + str(values.end_position()) + ") in " + str(nv) +
+    refuse("keys cover positions [" + str(keys.first_position()) + ", " + str(keys.end_position()) +
+           ") in " + str(nk) + " pieces but values [" + str(values.first_position()) + ", " +
+           str(values.end_position()) + ") in " + str(nv) +
            " (they must cover the same positions)");
   if (keys.heads() != values.heads() || keys.head_dim() != values.head_dim())
     refuse("keys are [" + str(keys.heads()) + " heads, head_dim " + str(keys.head_dim()) +
@@ -75,7 +75,8 @@ simd::code_window code_window_of(const compressed_window& w) {
 // Bytes of one side's codes, scales and sketches for the window (what the kernel streams).
 std::size_t window_bytes(const compressed_window& w) {
   const compressed_format& f = w.format();
-  const std::size_t per_row = f.code_bytes + sizeof(float) + (f.qjl ? f.sign_bytes + sizeof(float) : 0);
+  const std::size_t per_row =
+      f.code_bytes + sizeof(float) + (f.qjl ? f.sign_bytes + sizeof(float) : 0);
   return w.length() * w.heads() * per_row;
 }
 
@@ -104,8 +105,8 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
   p.scale = resolved;
   const float* s = sinks.empty() ? nullptr : sinks.data();
   detail::traced(*sink_, "attention.compressed_decode_step",
-                 window_bytes(keys) + window_bytes(values) + query.size_bytes(),
-                 out.size_bytes(), [&] { simd::compressed_decode(p, s, out.data()); });
+                 window_bytes(keys) + window_bytes(values) + query.size_bytes(), out.size_bytes(),
+                 [&] { simd::compressed_decode(p, s, out.data()); });
 }
 
 }  // namespace ringkv

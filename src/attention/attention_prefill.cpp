@@ -40,8 +40,8 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
   s.window = detail::check_store(store, layer, o.window, who);
   s.kv_row = c.row_floats();
   if (keys.size() % s.kv_row != 0)
-    refuse("keys has " + str(keys.size()) + " floats, not a multiple of kv_heads * head_dim = " +
-           str(s.kv_row));
+    refuse("keys has " + str(keys.size()) +
+           " floats, not a multiple of kv_heads * head_dim = " + str(s.kv_row));
   if (values.size() != keys.size())
     refuse("values has " + str(values.size()) + " floats but keys has " + str(keys.size()));
   s.tokens = keys.size() / s.kv_row;
@@ -70,8 +70,8 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
   require_storable(name, "values", values, c.value_type);
   const std::size_t length = store.length(layer);
   if (!store.options().sliding_window && length + s.tokens > c.capacity)
-    throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) +
-                     " of " + str(c.capacity) + " positions; a chunk of " + str(s.tokens) +
+    throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) + " of " +
+                     str(c.capacity) + " positions; a chunk of " + str(s.tokens) +
                      " tokens does not fit");
   return s;
 }

@@ -41,8 +41,8 @@ void decode_one(kv_cache_store& store, compressed_kv_cache_store* codes, std::si
                 const token_qkv& t, const decode_options& o, std::size_t window,
                 const windowed_attention& attention, trace::sink& sink, scope& arena,
                 std::span<float> out) {
-  append_and_attend(store, codes, layer, window,
-                    {t.q, t.k, t.v, out, o.scale, o.sinks, o.gather}, attention, sink, &arena);
+  append_and_attend(store, codes, layer, window, {t.q, t.k, t.v, out, o.scale, o.sinks, o.gather},
+                    attention, sink, &arena);
 }
 
 }  // namespace ringkv::detail

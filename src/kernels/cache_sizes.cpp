@@ -1,8 +1,8 @@
 // The cache sizes this_cache_kind() reads: Linux's sysfs first, glibc's sysconf where sysfs is
-// silent. Why not sysconf alone: on the Zen 4 EPYC vCPU of session 36 glibc 2.36 reported the L3
-// as 320 MiB where sysfs (the kernel's reading of CPUID leaf 0x8000001D) says 32 MiB, so the
-// machine passed for a large_l3 Xeon and read 32 MiB windows from memory without prefetch (3x
-// the roof; bench/README, "Targets over several processes", session 36).
+// silent. Why not sysconf alone: on a Zen 4 EPYC vCPU glibc 2.36 reports the L3 as 320 MiB where
+// sysfs (the kernel's reading of CPUID leaf 0x8000001D) says 32 MiB, so the machine passed for a
+// large_l3 Xeon and read 32 MiB windows from memory without prefetch (3x the roof; re-measured
+// by scripts/bench-targets --shapes '/32768/').
 #include <charconv>
 #include <cstddef>
 #include <fstream>
@@ -54,7 +54,7 @@ std::size_t sysfs_cache_bytes(const std::string& dir, int level) {
 std::size_t cache_bytes(int level) {
   if (const std::size_t b = sysfs_cache_bytes("/sys/devices/system/cpu/cpu0/cache", level))
     return b;
-  const int name = level == 1 ? _SC_LEVEL1_DCACHE_SIZE
+  const int name = level == 1   ? _SC_LEVEL1_DCACHE_SIZE
                    : level == 2 ? _SC_LEVEL2_CACHE_SIZE
                    : level == 3 ? _SC_LEVEL3_CACHE_SIZE
                                 : -1;

@@ -29,12 +29,12 @@ HWY_INLINE std::size_t LayOutChunk(const problem& p, std::size_t kv_head, std::s
   c.count = count;
   c.block = p.block;
   c.padded_dim = RoundUp(p.head_dim, block_positions);
-  float* q = scratch;                                     // [count, padded_dim]
-  c.scores = q + count * c.padded_dim;                    // [count, block]
-  c.rescale = c.scores + count * c.block;                 // [count]
+  float* q = scratch;                      // [count, padded_dim]
+  c.scores = q + count * c.padded_dim;     // [count, block]
+  c.rescale = c.scores + count * c.block;  // [count]
   for (std::size_t h = 0; h < count; ++h) {
-    const float* in = p.query + (q0 + h) * p.head_dim;    // [head_dim]
-    float* row = q + h * c.padded_dim;                    // [padded_dim]
+    const float* in = p.query + (q0 + h) * p.head_dim;  // [head_dim]
+    float* row = q + h * c.padded_dim;                  // [padded_dim]
     for (std::size_t i = 0; i < p.head_dim; ++i) row[i] = in[i] * p.scale;
     std::fill(row + p.head_dim, row + c.padded_dim, 0.0f);
   }
@@ -60,8 +60,8 @@ template <class Attend>
 HWY_INLINE void DecodeSegments(const window& positions, std::size_t dim, const chunk& c,
                                float* extra, const float* sinks, float* out, Attend&& attend) {
   const std::size_t n = c.count;
-  const state run{extra, extra + n, out + c.q0 * dim};                      // [n], [n], [n, dim]
-  const state seg{extra + 2 * n, extra + 3 * n, extra + 4 * n};              // [n], [n], [n, dim]
+  const state run{extra, extra + n, out + c.q0 * dim};           // [n], [n], [n, dim]
+  const state seg{extra + 2 * n, extra + 3 * n, extra + 4 * n};  // [n], [n], [n, dim]
   ClearRows(n, dim, run);
   const std::size_t end = WindowEnd(positions);
   bool first = true;

@@ -60,8 +60,7 @@ segment_ranges segments_of(const window& w) {
 split_plan plan_split(const problem& p, std::size_t threads, std::size_t scratch_floats) {
   split_plan plan;
   plan.segments = segments_of(p.keys);
-  if (threads <= 1 || p.q_heads * position_count(p.keys) * p.head_dim < min_split_work)
-    return plan;
+  if (threads <= 1 || p.q_heads * position_count(p.keys) * p.head_dim < min_split_work) return plan;
   // split_scratch_floats covers windows with at most one gap (after pinned sinks); a window
   // with more may need more, and then splits by kv heads instead (the same bits either way).
   const bool fits = plan.segments.total * state_floats(p) <= scratch_floats;
@@ -75,14 +74,13 @@ split_plan plan_split(const problem& p, std::size_t threads, std::size_t scratch
   return plan;
 }
 
-std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim,
-                                 std::size_t positions) {
+std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim, std::size_t positions) {
   // A pinned run and a main run: ceil(S / seg) + ceil((W − S) / seg) + 1 ≤ W / seg + 3.
   return (positions / segment_positions + 3) * q_heads * (head_dim + 2);
 }
 
-void run_split_task(const problem& p, const split_plan& plan, std::size_t task,
-                    const float* sinks, float* out, float* scratch) {
+void run_split_task(const problem& p, const split_plan& plan, std::size_t task, const float* sinks,
+                    float* out, float* scratch) {
   const std::size_t group = p.q_heads / p.kv_heads;
   if (!plan.by_segment) {
     const std::size_t k0 = task * p.kv_heads / plan.head_chunks;

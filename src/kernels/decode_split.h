@@ -46,14 +46,13 @@ split_plan plan_split(const problem& p, std::size_t threads, std::size_t scratch
 
 /// Floats of scratch a plan may need for `positions` window positions in any phase and runs
 /// (at most positions / segment_positions + 3 segments, × q_heads · (head_dim + 2)); O(1).
-std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim,
-                                 std::size_t positions);
+std::size_t split_scratch_floats(std::size_t q_heads, std::size_t head_dim, std::size_t positions);
 
 /// Runs task `task` of the plan: by kv heads, writes its heads' rows of `out`; by segment,
 /// writes its partial state into `scratch`. Tasks touch disjoint memory, so any threads may
 /// run them in any order. O(its positions · group · head_dim).
-void run_split_task(const problem& p, const split_plan& plan, std::size_t task,
-                    const float* sinks, float* out, float* scratch);
+void run_split_task(const problem& p, const split_plan& plan, std::size_t task, const float* sinks,
+                    float* out, float* scratch);
 
 /// After every task: for a split by segment, merges the partial states left to right and
 /// normalises into `out`; nothing for a split by kv heads. O(segments · q_heads · head_dim).

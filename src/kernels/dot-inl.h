@@ -28,14 +28,18 @@ HWY_INLINE float SumLanes(DF d, VF v) { return hn::GetLane(hn::SumOfLanes(d, v))
 /// Lane-wise addition, and one vector's lanes summed (a reduction for Reduce4).
 struct add_lanes {
   template <class V>
-  HWY_INLINE V operator()(V a, V b) const { return hn::Add(a, b); }
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Add(a, b);
+  }
   static HWY_INLINE float across(DF d, VF v) { return SumLanes(d, v); }
 };
 
 /// Lane-wise maximum, and one vector's largest lane (exact whatever the order).
 struct max_lanes {
   template <class V>
-  HWY_INLINE V operator()(V a, V b) const { return hn::Max(a, b); }
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Max(a, b);
+  }
   static HWY_INLINE float across(DF d, VF v) { return hn::GetLane(hn::MaxOfLanes(d, v)); }
 };
 
@@ -182,8 +186,7 @@ HWY_INLINE void Score8x1(DF d, const float* HWY_RESTRICT q, const std::byte* con
   VF c4 = hn::Zero(d), c5 = hn::Zero(d), c6 = hn::Zero(d), c7 = hn::Zero(d);
   std::size_t i = 0;
   for (; i + N <= dim; i += N)
-    Step8x1(hn::Load(d, q + i), k, vector_at<Loader>{d, skip + i}, c0, c1, c2, c3, c4, c5, c6,
-            c7);
+    Step8x1(hn::Load(d, q + i), k, vector_at<Loader>{d, skip + i}, c0, c1, c2, c3, c4, c5, c6, c7);
   if (i < dim)
     Step8x1(hn::Load(d, q + i), k, tail_at<Loader>{d, skip + i, dim - i}, c0, c1, c2, c3, c4, c5,
             c6, c7);
@@ -202,8 +205,8 @@ HWY_INLINE void Score4x2(DF d, const float* HWY_RESTRICT qa, const float* HWY_RE
     Step4x2(hn::Load(d, qa + i), hn::Load(d, qb + i), k, vector_at<Loader>{d, i}, a0, a1, a2, a3,
             b0, b1, b2, b3);
   if (i < dim)
-    Step4x2(hn::Load(d, qa + i), hn::Load(d, qb + i), k, tail_at<Loader>{d, i, dim - i}, a0, a1,
-            a2, a3, b0, b1, b2, b3);
+    Step4x2(hn::Load(d, qa + i), hn::Load(d, qb + i), k, tail_at<Loader>{d, i, dim - i}, a0, a1, a2,
+            a3, b0, b1, b2, b3);
   Sum8(d, a0, a1, a2, a3, b0, b1, b2, b3, sa, sb);
 }
 
@@ -213,9 +216,9 @@ HWY_INLINE void Score4x2(DF d, const float* HWY_RESTRICT qa, const float* HWY_RE
 template <class At>
 HWY_INLINE void Step4x4(DF d, const float* HWY_RESTRICT q, std::size_t q_stride, std::size_t i,
                         const std::byte* const* k, At at, VF* a, VF* b, VF* c, VF* e) {
-  OuterStep4x4(hn::Load(d, q + i), hn::Load(d, q + q_stride + i),
-               hn::Load(d, q + 2 * q_stride + i), hn::Load(d, q + 3 * q_stride + i), at(k[0]),
-               at(k[1]), at(k[2]), at(k[3]), a, b, c, e);
+  OuterStep4x4(hn::Load(d, q + i), hn::Load(d, q + q_stride + i), hn::Load(d, q + 2 * q_stride + i),
+               hn::Load(d, q + 3 * q_stride + i), at(k[0]), at(k[1]), at(k[2]), at(k[3]), a, b, c,
+               e);
 }
 
 /// Scores of four rows for four query heads of a group (q rows q_stride apart, scores s_stride
@@ -238,15 +241,14 @@ HWY_INLINE void Score4x4(DF d, const float* HWY_RESTRICT q, std::size_t q_stride
 /// The score of one row for one head (window edges, where a block has few rows), the row read
 /// from element `skip` on.
 template <class Loader>
-HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* row,
-                          std::size_t dim, std::size_t skip) {
+HWY_INLINE float Score1x1(DF d, const float* HWY_RESTRICT q, const std::byte* row, std::size_t dim,
+                          std::size_t skip) {
   const std::size_t N = hn::Lanes(d);
   VF c = hn::Zero(d);
   std::size_t i = 0;
   for (; i + N <= dim; i += N)
     c = hn::MulAdd(hn::Load(d, q + i), Loader::load(d, row, skip + i), c);
-  if (i < dim)
-    c = hn::MulAdd(hn::Load(d, q + i), Loader::load_tail(d, row, skip + i, dim - i), c);
+  if (i < dim) c = hn::MulAdd(hn::Load(d, q + i), Loader::load_tail(d, row, skip + i, dim - i), c);
   return Sum1(d, c);
 }
 
@@ -267,11 +269,11 @@ HWY_INLINE void ScoreRowsOf(DF d, const float* HWY_RESTRICT q, const std::byte* 
   for (; j < n; ++j) s[j] = Score1x1<Loader>(d, q, k[j], dim, skip);
 }
 
-// head_dims the f32 score tiles are compiled for as constants besides the general case: their
-// loops over head_dim unroll (bench/README "Tuning measured", session 24; for f16 rows it was as
-// often slower as faster). The arithmetic is the same either way. ScoreRows and ScoreHeads each
-// write the choice out: one generic dispatcher taking the call as a lambda was not inlined and
-// made the W 256 steps 1.05–1.13× as slow (session 24).
+// head_dims the f32 score tiles are compiled for as constants besides the general case, so their
+// loops over head_dim unroll; the arithmetic is the same either way. Xeon: 0.90-0.92x the time
+// of the general loop (f16 rows: as often slower as faster). ScoreRows and ScoreHeads each write
+// the choice out: a generic dispatcher taking the call as a lambda was not inlined (1.05-1.13x
+// at W 256). Re-measure: scripts/bench-targets --shapes '/256/|/4096/2'
 inline constexpr std::size_t unrolled_dims[] = {64, 128};
 
 /// ScoreRowsOf, with head_dim a constant for f32 rows where it is one of unrolled_dims.
@@ -342,11 +344,11 @@ HWY_INLINE void ScoreHeads(DF d, const float* HWY_RESTRICT qs, std::size_t q_str
                            std::size_t dim, float* s, std::size_t s_stride, line_feed& feed) {
   if constexpr (std::is_same_v<typename Loader::type, float>) {
     if (dim == unrolled_dims[0])
-      return ScoreHeadsOf<Loader, unrolled_dims[0]>(d, qs, q_stride, heads, k, n, dim, s,
-                                                    s_stride, feed);
+      return ScoreHeadsOf<Loader, unrolled_dims[0]>(d, qs, q_stride, heads, k, n, dim, s, s_stride,
+                                                    feed);
     if (dim == unrolled_dims[1])
-      return ScoreHeadsOf<Loader, unrolled_dims[1]>(d, qs, q_stride, heads, k, n, dim, s,
-                                                    s_stride, feed);
+      return ScoreHeadsOf<Loader, unrolled_dims[1]>(d, qs, q_stride, heads, k, n, dim, s, s_stride,
+                                                    feed);
   }
   ScoreHeadsOf<Loader, 0>(d, qs, q_stride, heads, k, n, dim, s, s_stride, feed);
 }

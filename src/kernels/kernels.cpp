@@ -83,16 +83,16 @@ void check_windows(std::string_view caller, const windowed_kv& keys, const windo
   if (!(kp == vp))
     refuse(caller, "keys cover positions " + describe(kp) + " but values cover " + describe(vp));
   if (keys.head_dim() > max_head_dim)
-    refuse(caller, "head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
-                       str(max_head_dim));
+    refuse(caller,
+           "head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " + str(max_head_dim));
 }
 
 /// q_heads after checking query against kv_heads and head_dim of a non-empty window.
-std::size_t check_query(std::string_view caller, std::span<const float> query,
-                        std::size_t kv_heads, std::size_t dim) {
+std::size_t check_query(std::string_view caller, std::span<const float> query, std::size_t kv_heads,
+                        std::size_t dim) {
   if (query.empty() || query.size() % dim != 0)
-    refuse(caller, "query has " + str(query.size()) + " floats, not a positive multiple of head_dim " +
-                       str(dim));
+    refuse(caller, "query has " + str(query.size()) +
+                       " floats, not a positive multiple of head_dim " + str(dim));
   const std::size_t q_heads = query.size() / dim;
   if (q_heads % kv_heads != 0)
     refuse(caller, "q_heads " + str(q_heads) + " (query " + str(query.size()) + " / head_dim " +
@@ -159,8 +159,8 @@ float check_scale(std::string_view caller, float scale, std::size_t head_dim) {
 
 void check_sinks(std::string_view caller, std::span<const float> sinks, std::size_t q_heads) {
   if (!sinks.empty() && sinks.size() != q_heads)
-    refuse(caller, "sinks has " + str(sinks.size()) + " values; expected none or q_heads = " +
-                       str(q_heads));
+    refuse(caller, "sinks has " + str(sinks.size()) +
+                       " values; expected none or q_heads = " + str(q_heads));
   for (std::size_t i = 0; i < sinks.size(); ++i)
     if (std::isnan(sinks[i])) refuse(caller, "sinks[" + str(i) + "] is NaN");
 }

@@ -92,8 +92,8 @@ HWY_INLINE VF PromoteF16(DF d, hn::Vec<DU16> bits) {
 }
 
 // On targets that emulate vectors (EMU128, SCALAR) a half row's load stays out of line: inlined
-// into every tile it made this file compile ten times slower (measured: EMU128 alone over 6 min,
-// 65 s out of line; the whole file took 44 s before f16/bf16), and those targets are fallbacks.
+// into every tile it makes EMU128 alone compile over 5x as long (over 6 min against 65 s), and
+// those targets are fallbacks.
 #undef RINGKV_HALF_LOAD
 #if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
 #define RINGKV_HALF_LOAD HWY_NOINLINE
@@ -119,8 +119,7 @@ struct half_row_loader {
     return promote(d, hn::LoadU(DU16(), reinterpret_cast<const std::uint16_t*>(row) + i));
   }
   /// The row's last n (< Lanes) elements from element i, zeros above; reads only those n.
-  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i,
-                                       std::size_t n) {
+  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
     HWY_ALIGN std::uint16_t lanes[hn::MaxLanes(DU16())] = {};
     std::memcpy(lanes, row + i * sizeof(std::uint16_t), n * sizeof(std::uint16_t));
     return promote(d, hn::Load(DU16(), lanes));
@@ -151,8 +150,8 @@ struct tail_at {
 
 /// a_k += x · y_k and b_k += z · y_k for k = 0 … 3: two rows of a tile sharing four loaded
 /// vectors (K for two query heads' scores, V for two heads' weighted sums).
-HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF& a1, VF& a2,
-                             VF& a3, VF& b0, VF& b1, VF& b2, VF& b3) {
+HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF& a1, VF& a2, VF& a3,
+                             VF& b0, VF& b1, VF& b2, VF& b3) {
   a0 = hn::MulAdd(x, y0, a0);
   b0 = hn::MulAdd(z, y0, b0);
   a1 = hn::MulAdd(x, y1, a1);
@@ -165,8 +164,9 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
 
 // Where the target has 32 vector registers (x86's 512-bit targets), tiles of four query heads
 // × four vectors: sixteen chains in flight, and each K or V vector loaded once for four heads
-// (the pairs' eight chains fit AVX2's 16 registers; with 32 these two measured faster, bench/README
-// "Tuning measured", session 21).
+// (AVX2's 16 registers hold the pairs' eight chains, not sixteen). Zen 5, GQA 4 (with the folded
+// sums of dot-inl.h): 0.75-0.92x the time of pairs.
+// Re-measure: scripts/bench-targets --shapes '/2$'
 #undef RINGKV_WIDE_TILES
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define RINGKV_WIDE_TILES 1
@@ -200,22 +200,17 @@ HWY_INLINE void PrefetchLine(std::uintptr_t address) {
 }
 
 /// Cache lines to prefetch a few at a time, between the tiles of a block: a burst of a block's
-/// worth of prefetch instructions stalls on the L1's miss buffers (measured: up to 15 % of a
-/// step's samples on them), a trickle keeps those buffers busy without stalling. step() works on
-/// copies in registers: walking the members themselves kept them in memory, a store-forward per
-/// line, and that bookkeeping cost more than the prefetches saved on cache-resident windows
-/// (A/B, fastest of 15 runs: D 128 / W 256 / kv 8 81.9 → 70.0 µs, W 32768 / kv 8 20.3 → 17.5 ms).
+/// worth of prefetches stalls on the L1's miss buffers (up to 15 % of a step's samples), a
+/// trickle keeps them busy without stalling. step() works on copies in registers: walking the
+/// members kept them in memory, a store-forward a line (0.85x the time in registers, W 256).
 /// Two walks (prefetch_walk). Dense: the rows merged into contiguous byte ranges (a block's rows
-/// of one kv head are one or two), their lines asked for back to back, four per turn — a fifth
-/// of the spaced walk's instructions a line, which counts when the rows come from the L3 and the
-/// step is compute-bound. Spaced: row by row, one line per turn with its row pointer reloaded;
-/// that ~2 cycles a line is what spaces the lines out when they come from memory, where lines
-/// asked for back to back wait on the miss buffers and hold up the tiles' loads behind them.
-/// Measured (one binary, random interleaving, fastest / median µs, 1 thread, D 128): W 4096 /
-/// kv 2 (8 MiB) dense 369 / 436, spaced 427 / 644, none 422 / 544; W 6144 / kv 2 (12 MiB) dense
-/// 599 / 736, spaced 677 / 755; W 8192 / kv 2 (16 MiB) dense 964 / 1,279, spaced 965 / 1,067;
-/// W 4096 / kv 8 (33.6 MB) dense 2,578 / 3,054, spaced 2,000 / 2,344, and a range walk one line
-/// a turn 2,937 / 3,391.
+/// of one kv head are one or two), their lines asked for back to back, four per turn: a fifth of
+/// the spaced walk's instructions a line, which counts when rows come from the L3 and the step is
+/// compute-bound. Spaced: row by row, one line per turn with its row pointer reloaded; those ~2
+/// cycles a line space the lines out when they come from memory, where lines asked for back to
+/// back wait on the miss buffers and hold up the tiles' loads. Zen 3, D 128 / W 4096: dense 0.86x
+/// the time of spaced at kv 2 (8 MiB), 1.29x at kv 8.
+/// Re-measure: scripts/bench-targets --shapes 128/4096
 struct line_feed {
   std::size_t per_step = 0;  // lines a step() asks for; 0 until started
   bool dense = false;

@@ -159,9 +159,7 @@ std::int64_t compiled_targets() { return HWY_TARGETS; }
 float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
 }
-bool all_finite(const float* p, std::size_t n) {
-  return HWY_DYNAMIC_DISPATCH(AllFiniteImpl)(p, n);
-}
+bool all_finite(const float* p, std::size_t n) { return HWY_DYNAMIC_DISPATCH(AllFiniteImpl)(p, n); }
 void attend(const problem& p, std::size_t from, std::size_t to, const state& s) {
   HWY_DYNAMIC_DISPATCH(AttendImpl)(p, from, to, s);
 }

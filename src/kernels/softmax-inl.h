@@ -27,7 +27,7 @@ inline constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 /// Query heads [q0, q0 + count) of kv head `kv_head` and their scratch.
 struct chunk {
   std::size_t kv_head = 0, q0 = 0, count = 0;
-  std::size_t padded_dim = 0;  // head_dim rounded up to 16 floats
+  std::size_t padded_dim = 0;  // head_dim padded to a multiple of 16 floats
   const float* q = nullptr;    // [count, padded_dim] query · scale, zero-padded, 64-byte aligned
   float* scores = nullptr;     // [count, block] a block's scores, then exp'd; aligned
   float* rescale = nullptr;    // [count] exp(old max − new max) for the current block
@@ -57,8 +57,7 @@ HWY_INLINE void PadScores(const chunk& c, std::size_t n) {
 template <class Loader>
 HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                            line_feed& feed) {
-  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores, c.block,
-                     feed);
+  ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k, b.n, head_dim, c.scores, c.block, feed);
   feed.drain();
   PadScores(c, b.n);
 }
@@ -99,9 +98,9 @@ HWY_INLINE void RescaleHeads(DH dh, const chunk& c, const state& s, std::size_t 
 /// Heads [h, h + Lanes(dh)): sum ← sum · rescale + the block's sum (in `block`).
 template <class DH>
 HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, const float* block) {
-  hn::StoreU(hn::MulAdd(hn::LoadU(dh, s.sum + h), hn::LoadU(dh, c.rescale + h),
-                        hn::LoadU(dh, block)),
-             dh, s.sum + h);
+  hn::StoreU(
+      hn::MulAdd(hn::LoadU(dh, s.sum + h), hn::LoadU(dh, c.rescale + h), hn::LoadU(dh, block)), dh,
+      s.sum + h);
 }
 
 /// Per head: the new max, exp(score − max) in place (vector Exp over the block), the rescale of
@@ -110,11 +109,11 @@ HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, c
 /// as 4-lane vectors; a lone head takes the same arithmetic in a 1-lane vector, so a head's
 /// values never depend on which heads share its chunk. c.rescale holds the block maxima until
 /// RescaleHeads turns them into rescales. Out of line (one copy per target instead of one per row
-/// type): inlined, its Exp copies made src/simd.cpp compile 1.7x as long under the sanitizers.
+/// type): inlined, its Exp copies make simd.cpp compile 1.7x as long under the sanitizers.
 inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
-  static_assert(block_positions % hn::MaxLanes(DF()) == 0 &&
-                    cached_block_positions % block_positions == 0,
-                "a block is whole vectors");
+  static_assert(
+      block_positions % hn::MaxLanes(DF()) == 0 && cached_block_positions % block_positions == 0,
+      "a block is whole vectors");
   const DF d;
   const hn::CappedTag<float, 4> d4;  // four heads (one at a time where vectors are 1 lane)
   const hn::CappedTag<float, 1> d1;
@@ -280,8 +279,8 @@ HWY_INLINE std::size_t AccumulateTiles(DF d, std::size_t heads, std::size_t head
 }
 
 /// Folds the block's V rows into every head's accumulator: heads in fours (RINGKV_WIDE_TILES) or
-/// pairs sharing each V load, a lone head on its own; the block's rows stay in L1 from one pair to the next. The feed gets
-/// a step after each tile.
+/// pairs sharing each V load, a lone head on its own; the block's rows stay in L1 from one pair
+/// to the next. The feed gets a step after each tile.
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const block_rows& b,
                                 const state& s, line_feed& feed) {
@@ -323,7 +322,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// A block's rows when each chunk head reads a kv head of its own (AttendSpread): the rows of
 /// the chunk's first kv head; chunk head h reads the same positions' rows h · k_skip (K) and
 /// h · v_skip (V) elements further on, the kv heads' distance in every run (see
-/// uniform_head_stride), so one set of row pointers serves every head.
+/// uniform_head_stride), so one set of row pointers serves every head. Zen 3: 0.90x the time of
+/// a set collected per head (W 256 / kv 8). Re-measure: scripts/bench-targets --shapes /256/8
 struct spread_rows {
   block_rows first;
   std::size_t k_skip = 0, v_skip = 0;
@@ -373,9 +373,8 @@ HWY_INLINE std::size_t SpreadAccumulateTiles(DF d, std::size_t heads, std::size_
 /// as a head alone. Heads go in pairs: each head's eight-vector tiles on its own, then the two
 /// heads together over slices of four vectors (AccumulatePair: eight chains, where one head's
 /// four waited on the FMA latency), then the rest of each row as AccumulateRest; a lone head
-/// as AccumulateRest. Measured (session 24, the Intel, fastest µs): D 64 / W 256 / kv 8 9.6 →
-/// 9.2, on 2 threads 6.7 → 6.3; pairs over D 128 rows too (two four-vector slices instead of
-/// one eight-vector tile a head) made f16 and bf16 D 128 / W 4096 / kv 8 1.09× as slow.
+/// as AccumulateRest. Xeon: 0.94-0.96x the time of each head alone (D 64 / W 256 / kv 8); pairs
+/// over whole D 128 rows took 1.09x for f16. Re-measure: scripts/bench-targets --shapes /256/8
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                                 const state& s, line_feed& feed) {
@@ -386,8 +385,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
     float* acc_a = s.acc + h * head_dim;
     for (std::size_t g = 0; g < 2; ++g)
       for (std::size_t i = 0; i < wide; i += 8 * N) {
-        Accumulate1x8<Loader>(d, pa + g * c.block, b.first, i, (h + g) * b.v_skip,
-                              c.rescale[h + g], acc_a + g * head_dim);
+        Accumulate1x8<Loader>(d, pa + g * c.block, b.first, i, (h + g) * b.v_skip, c.rescale[h + g],
+                              acc_a + g * head_dim);
         feed.step();
       }
     std::size_t i = wide;
@@ -416,8 +415,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// are those of one kv head, which the chunk's heads share.
 template <class Loader, class Collect, class Adjust>
 HWY_INLINE void AttendBlocks(const window& positions, std::size_t head_dim, const chunk& c,
-                             std::size_t from, std::size_t to, const state& s,
-                             Collect&& collect, Adjust&& adjust) {
+                             std::size_t from, std::size_t to, const state& s, Collect&& collect,
+                             Adjust&& adjust) {
   const DF d;
   block_rows b{};
   line_feed while_scoring, while_summing;
@@ -463,8 +462,7 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
   };
   // One phase: for each block [pos, end) in order, its buffers in use, b's rows of `w` (into
   // `rows`) collected and the next block's fed; then step(). Returns how many blocks.
-  const auto each_block = [&](const window& w, const std::byte** rows, bool scoring,
-                              auto&& step) {
+  const auto each_block = [&](const window& w, const std::byte** rows, bool scoring, auto&& step) {
     std::size_t k = 0;
     for (std::size_t pos = NextPosition(positions, from); pos < hi; ++k) {
       const std::size_t end = BlockEnd(pos, hi, c.block), next = NextPosition(positions, end);
@@ -476,36 +474,22 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
     }
     return k;
   };
-  const std::size_t blocks = each_block(p.keys, b.first.k, true, [&] {
-    ScoreBlock<Loader>(d, p.head_dim, block, b, feed);
-  });
+  const std::size_t blocks = each_block(p.keys, b.first.k, true,
+                                        [&] { ScoreBlock<Loader>(d, p.head_dim, block, b, feed); });
   for (std::size_t k = 0; k < blocks; ++k) {
     use(k);
     ExpBlock(block, s);
   }
-  each_block(p.values, b.first.v, false, [&] {
-    AccumulateBlock<Loader>(d, p.head_dim, block, b, s, feed);
-  });
+  each_block(p.values, b.first.v, false,
+             [&] { AccumulateBlock<Loader>(d, p.head_dim, block, b, s, feed); });
 }
 
 /// AttendBlocks over the problem's own K/V rows. Unless p.prefetch is none (see
-/// prefetch_walk_for), with software prefetches timed so the L1 (32 KiB here) holds only what is
-/// in use, and trickled between tiles: this block's V rows are fed while its scores are
-/// computed, the next block's K rows while its V rows are summed.
-/// Measured (A/B binaries alternated 5 rounds, D 64/128, huge-page buffers): timing the bursts
-/// this way (V before the scores, K after them) was 5–32 % faster than the next block's K ahead
-/// of the scores on every shape past the L2; trickling them instead of bursts another 10–40 %
-/// on shapes past the L3 (a burst stalls on the L1's miss buffers). Without software prefetch
-/// (hardware prefetchers only): 1.9× slower at D 128 / W 4096 / kv 8 (33.6 MB, past the L3),
-/// 1.2× at D 64 / W 4096 / kv 8 (16.8 MB), and faster below, where prefetching lines already
-/// cached only takes load slots (one per line: at 8 kv heads ~40 % more loads than the tiles'):
-/// D 64 / W 4096 / kv 2 (4.2 MB) 255 → 220 µs, D 128 / W 256 / kv 8 (2.1 MB) 72.7 → 51.0 µs,
-/// D 64 / W 256 / kv 8 54.8 → 31.1 µs. With the dense walk (line_feed) it pays from 8 MiB a
-/// thread when heads share rows (one binary, random interleaving, fastest / median µs): D 128 /
-/// W 4096 / kv 2 (8 MiB), 1 thread, 361 / 408 against 420 / 619 without; on 2 threads (4 MiB
-/// each) it still loses, 279 / 317 against 245 / 300. Not with one head a row: f16 D 64 / W 4096
-/// / kv 8 (8 MiB) 448 / 503 dense, 616 / 758 spaced, against 381 / 477 without (a phase of a
-/// block has one or two tiles there, so its lines are asked for just before they are used).
+/// prefetch_walk_for), with software prefetches timed so the L1 holds only what is in use, and
+/// trickled between tiles (line_feed): this block's V rows are fed while its scores are
+/// computed, the next block's K rows while its V rows are summed. Zen 3: 5-32 % faster than the
+/// next block's K ahead of the scores past the L2; no software prefetch took 1.9x the time at
+/// D 128 / W 4096 / kv 8. Re-measure: scripts/bench-targets --shapes 4096
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
@@ -523,8 +507,8 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
       },
       [&](std::size_t next, const block_rows&, line_feed& feed) {
         if (!prefetch || next >= hi) return;
-        const std::size_t n = CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi, c.block),
-                                          ahead);
+        const std::size_t n =
+            CollectRows(p.keys, c.kv_head, next, BlockEnd(next, hi, c.block), ahead);
         feed.start(walk, ahead, n, row_bytes, AccumulateTiles(DF(), c.count, p.head_dim));
       });
 }
@@ -534,9 +518,9 @@ HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, 
 /// same operations per element as AccumulateRest's tiles, so the same bits — while `also(j)`
 /// runs between rows (PipelineBlocks scores the next block's rows there).
 template <class Loader, class Also>
-HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
-                                   const block_rows& b, std::size_t rows, float r, float* acc,
-                                   float* HWY_RESTRICT sum, Also&& also) {
+HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p, const block_rows& b,
+                                   std::size_t rows, float r, float* acc, float* HWY_RESTRICT sum,
+                                   Also&& also) {
   const std::size_t N = hn::Lanes(d), whole = head_dim / N * N;
   for (std::size_t i = 0; i < head_dim; i += N) hn::Store(hn::Zero(d), d, sum + i);
   for (std::size_t j = 0; j < rows; ++j) {
@@ -552,38 +536,27 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p,
   }
   const VF vr = hn::Set(d, r);
   for (std::size_t i = 0; i < whole; i += N) Fold(d, acc + i, vr, hn::Load(d, sum + i));
-  if (whole < head_dim)
-    FoldPartial(d, acc + whole, vr, hn::Load(d, sum + whole), head_dim - whole);
+  if (whole < head_dim) FoldPartial(d, acc + whole, vr, hn::Load(d, sum + whole), head_dim - whole);
 }
 
-/// As AttendRange for a chunk of one query head whose rows come from the L3 or memory (p.pipelined,
-/// see pipelined_min_row_bytes): software-pipelined, each row of the next block's K read between
-/// two rows of this block's V, so both arrays are read as two steady streams a row at a time —
-/// the order a plain per-position loop (ggml's) reads them in, which the hardware prefetchers
-/// follow with no software prefetch (block by block without software prefetch, a step took 1.7×
-/// as long as that loop: D 128 / W 4096 / kv 8, 2,454 against 1,415 µs). The arithmetic per
-/// block is AttendRange's (Score1x1's chains, ExpBlock, the V rows folded in as AccumulateRest
-/// folds them), so the bits are the same. Between two rows it also prefetches a row of the next
-/// block's V and of the K of the block after it (each stream a block ahead of its reads; session
-/// 17, one binary, interleaved repetitions, fastest / median µs against none, D 128 / kv 8):
-/// on 2 threads W 4096 1,007 / 1,144 against 1,305 / 1,607 and 976 / 1,155 against 1,374 /
-/// 1,698, W 8192 2,763 / 3,110 against 2,977 / 3,537, W 32768 12,523 / 14,383 against 13,504 /
-/// 14,697 and 11,075 / 13,096 against 13,783 / 14,750; on 1 thread W 2048 706 / 889 against
-/// 938 / 1,172, W 4096 2,184 / 2,537 against 2,478 / 2,720 and 2,173 / 2,414 against 2,333 /
-/// 2,800, W 8192 4,948 / 5,483 against 5,078 / 5,843; from memory on 1 thread the median gains
-/// but not the fastest (W 16384 10,419 / 10,888 against 10,177 / 11,717, W 32768 21,259 /
-/// 22,046 against 20,496 / 22,840 and 19,923 / 20,432 against 19,133 / 20,853), kept there too
-/// since a decode loop sees the median. The hint t0 measured as t1 (W 4096, 1 thread, 2,098 /
-/// 2,573 against 2,184 / 2,537), nta slower (2,405 / 2,651). None where p.prefetch is none
-/// (pipelined_prefetch: short f16 or bf16 rows on a large_l2 machine).
+/// As AttendRange for a chunk of one query head whose rows come from the L3 or memory
+/// (p.pipelined, see pipelined_min_row_bytes): software-pipelined, each row of the next block's K
+/// read between two rows of this block's V, so both arrays are read as two steady streams a row
+/// at a time, the order a per-position loop (ggml's) reads them in and the hardware prefetchers
+/// follow (block by block without software prefetch took 1.7x the time of that loop). The
+/// arithmetic per block is AttendRange's (Score1x1's chains, ExpBlock, the V rows folded in as
+/// AccumulateRest folds them), so the bits are the same. Unless p.prefetch is none
+/// (pipelined_prefetch), it also prefetches, between two rows, a row of the next block's V and of
+/// the K of the block after it: each stream a block ahead of its reads. Zen 3, D 128 / kv 8:
+/// 0.71-0.93x the time without. Re-measure: scripts/bench-targets --shapes 128/4096/8
 template <class Loader>
-HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from,
-                               std::size_t to, const state& s) {
+HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from, std::size_t to,
+                               const state& s) {
   const DF d;
   const std::size_t hi = std::min(to, WindowEnd(p.keys)), dim = p.head_dim;
   const std::size_t row_bytes = dim * sizeof(typename Loader::type);
   HWY_ALIGN float scores[2][max_block_positions];  // this block's weights, the next's scores
-  HWY_ALIGN float sum[max_head_dim];           // [padded_dim] the block's V rows summed
+  HWY_ALIGN float sum[max_head_dim];               // [padded_dim] the block's V rows summed
   block_rows rows[2];
   const std::byte* far[max_block_positions];  // K rows of the block after the next, to prefetch
   const bool prefetch = p.prefetch != prefetch_walk::none;  // see pipelined_prefetch
@@ -626,51 +599,17 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
 }
 
 /// As AttendRange when each query head has its own kv head (GQA 1) and p.side_by_side (see
-/// plan_reads): chunk head h reads kv head c.kv_head + h. Alone, such a head's block ran its
-/// softmax step as a chain of one-lane operations with little else to overlap it; side by
-/// side, ExpBlock takes four heads' steps as 4-lane vectors and the out-of-order core has four
-/// heads' tiles to interleave. Each head's arithmetic is AttendRange's for a one-head chunk
-/// (ScoreRows, ExpBlock's per-lane state, AccumulateRest), so the bits do not depend on which
-/// heads share a chunk. The segment is read in phases (AttendPhased, session 16): all its K
-/// rows, then the softmax steps, then all its V rows. Prefetch, when the step has it, is
-/// AttendRange's spaced walk (the only walk a GQA-1 step gets) over the rows of all the
-/// chunk's heads: the next block's K rows while this block's scores are computed, the next
-/// block's V rows while its V rows are summed.
-/// Measured (one binary, random interleaving, fastest / median µs, 1 thread unless said):
-/// - phases against blocks (K, softmax step, V, block after block; this block's V rows
-///   prefetched while its scores were computed, the next block's K rows while V was summed),
-///   session 16, the same bits (checked in the benchmark): 20 repetitions, no prefetch — D 64
-///   / W 256 / kv 8 22.4 / 29.6 against 23.4 / 27.6, W 1024 93.5 / 115 against 95.9 / 121, on
-///   2 threads 14.6 / 16.6 against 15.3 / 17.5 and 56.8 / 62.9 against 59.2 / 65.2, D 128 /
-///   W 1024 229 / 303 against 232 / 319 (2 threads 96.5 / 115 against 109 / 124), f16 D 64 /
-///   W 1024 66.9 / 90.2 against 73.7 / 99.2; 12 repetitions, prefetch — D 64 / W 3072 / kv 8
-///   429 / 628 against 503 / 697, W 4096 634 / 859 against 717 / 1,112 (2 threads 424 / 469
-///   against 504 / 562), W 8192 on 2 threads (16 MiB each) 944 / 1,382 against 1,305 / 1,643,
-///   f16 D 64 / W 4096 (8 MiB, no prefetch) 293 / 358 against 380 / 499, W 8192 869 / 1,360
-///   against 1,201 / 1,639; within the noise at D 128 / W 256 (41.8 / 52.0 against 41.4 /
-///   44.8) and f16 D 128 / W 4096 (1,141 / 1,415 against 1,062 / 1,353). In phases each array
-///   streams with nothing waiting on a softmax step between its blocks. Applied to every GQA-1
-///   step instead (past 16 MiB and to 512-byte rows, in place of PipelineBlocks): slower at
-///   D 128 / W 32768 / kv 8 (24,044 against 21,379) and D 64 / W 32768 on 1 thread (10,084
-///   against 9,376) — not done. Before session 16 (blocks):
-/// - no prefetch: D 64 / W 256 / kv 8 24.1 / 31.4 against 25.5 / 33.0, D 128 41.6 / 51.8
-///   against 44.4 / 49.8, f16 D 64 / W 4096 / kv 8 (8 MiB) 303 / 392 against 328 / 423; two or
-///   eight heads side by side did as well as four;
-/// - prefetch, rows of 256 bytes, 8–16 MiB a thread: D 64 / W 4096 / kv 8 (16 MiB) 613 / 660
-///   against 724 / 821, f16 D 128 (16 MiB) 799 / 888 against 831 / 902; on 2 threads (8 MiB
-///   each) 374 / 457 against 408 / 465; at 12 MiB (D 64 / W 3072) 471 / 531 against 474 / 637;
-/// - one set of row pointers, the first head's, each head reading its rows at its distance
-///   (spread_rows, session 13) instead of a set collected per head — 32 pointers a block of
-///   four heads instead of 128 (the collecting was ~10 % of the step's samples in perf at D 64
-///   / W 256 / kv 8): release binaries alternated, 16 rounds of 5–10 interleaved repetitions,
-///   fastest per round, faster in 13 rounds at D 64 / W 256 / kv 8 and 12 at D 128; fastest
-///   overall 22.6 against 25.2 µs (D 64) and 40.9 against 45.5 (D 128);
-/// - not kept: past 16 MiB (D 64 / W 6144 and 8192 / kv 8 within the noise, D 64 / W 32768 /
-///   kv 8 9,238 / 9,723 against 8,835 / 9,758, f16 D 128 9,754 / 11,592 against 8,894 / 9,609);
-///   at 6 MiB a thread on 2 threads (D 64 / W 3072: 328 / 356 against 283 / 318); rows of 512
-///   bytes, whose four heads' block overflows the L1 (D 128 / W 2048 / kv 8, 16 MiB: 630 / 650
-///   against 568 / 596, two heads side by side 582 / 648; W 4096 2,296 / 2,395 against
-///   1,867 / 1,998); and without prefetch past 8 MiB (D 64 / W 4096: 1,165 against 720 fastest).
+/// plan_reads): chunk head h reads kv head c.kv_head + h. Alone, such a head's block runs its
+/// softmax step as a chain of one-lane operations with little else to overlap it; side by side,
+/// ExpBlock takes four heads' steps as 4-lane vectors and the out-of-order core has four heads'
+/// tiles to interleave. Each head's arithmetic is AttendRange's for a one-head chunk (ScoreRows,
+/// ExpBlock's per-lane state, AccumulateRest), so the bits do not depend on which heads share a
+/// chunk. The segment is read in phases (AttendPhased): all its K rows, then the softmax steps,
+/// then all its V rows, so each array streams with no softmax step waited on between blocks.
+/// Prefetch, when the step has it, is the spaced walk over all the chunk's heads' rows: the next
+/// block's K rows while this block's scores are computed, its V rows while this one's are summed.
+/// Zen 3: side by side 0.85-0.96x the time of one head at a time, phases 0.72-0.99x that of block
+/// after block. Re-measure: scripts/bench-targets --shapes '/(256|4096)/8'
 template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {
@@ -685,17 +624,16 @@ HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from,
   rows.v_skip = v_head / sizeof(T);
   // The next block's rows of `w` (the first head's; the walk takes every head's), trickled over
   // this block's score tiles or V tiles.
-  AttendPhased<Loader>(p, c, from, to, s, rows,
-                       [&](const window& w, std::size_t pos, std::size_t end, bool scoring,
-                           line_feed& feed) {
-                         if (!prefetch) return;
-                         const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
-                         const std::size_t tiles =
-                             scoring ? c.count * ScoreTiles(1, n)
-                                   : SpreadAccumulateTiles(DF(), c.count, p.head_dim);
-                         feed.start(prefetch_walk::spaced, ahead, n, row_bytes, tiles,
-                                    c.count, scoring ? k_head : v_head);
-                       });
+  AttendPhased<Loader>(
+      p, c, from, to, s, rows,
+      [&](const window& w, std::size_t pos, std::size_t end, bool scoring, line_feed& feed) {
+        if (!prefetch) return;
+        const std::size_t n = CollectRows(w, c.kv_head, pos, end, ahead);
+        const std::size_t tiles =
+            scoring ? c.count * ScoreTiles(1, n) : SpreadAccumulateTiles(DF(), c.count, p.head_dim);
+        feed.start(prefetch_walk::spaced, ahead, n, row_bytes, tiles, c.count,
+                   scoring ? k_head : v_head);
+      });
 }
 
 /// An empty state's rows: max −inf, sum and acc zero.
@@ -732,7 +670,8 @@ HWY_INLINE void MergeRows(std::size_t count, std::size_t head_dim, const state& 
       hn::StoreU(hn::MulAdd(hn::LoadU(d, a + i), va, hn::Mul(hn::LoadU(d, b + i), vb)), d, a + i);
     if (i < head_dim) {
       const std::size_t n = head_dim - i;
-      StorePartial(d, hn::MulAdd(LoadPartial(d, a + i, n), va, hn::Mul(LoadPartial(d, b + i, n), vb)),
+      StorePartial(d,
+                   hn::MulAdd(LoadPartial(d, a + i, n), va, hn::Mul(LoadPartial(d, b + i, n), vb)),
                    a + i, n);
     }
   }

@@ -3,11 +3,10 @@
 // everyone claims indices, its own share first (take_tasks); the caller returns when no worker
 // is inside the call any more. No lock on that path: the mutex is only for sleeping and waking
 // (and errors).
-// Against a hand-off under the mutex (A/B, 2 threads, µs a step): D 128 / W 256 / kv 8 26.7 →
-// 23.5, D 64 / W 256 / kv 8 18.8 → 14.6, D 64 / W 4096 / kv 2 135 → 113, never slower.
-// Waits spin for a short while before they block: decode steps come back to back, and waking a
-// thread blocked in the kernel took ~10 µs here, more than a whole small step (measured, D 128,
-// W 256, 2 kv heads: 24 µs on one thread, 35 µs on two with blocking waits).
+// Against a hand-off under the mutex, 2-thread steps take 0.78–0.88× as long, none slower (Zen 3).
+// Waits spin a while before they block, as decode steps come back to back: with blocking waits
+// a D 128 / W 256 / kv 2 step took 1.46× as long on two threads as on one (Zen 3).
+// Both re-measured by scripts/bench-targets --shapes '/256/' (2 threads ÷ 1).
 module;
 #include <algorithm>
 #include <atomic>
@@ -35,7 +34,8 @@ thread_local const void* running_pool = nullptr;
 /// Sets running_pool for the life of a call and restores the previous one.
 class running_guard {
  public:
-  explicit running_guard(const void* pool) noexcept : previous_(std::exchange(running_pool, pool)) {}
+  explicit running_guard(const void* pool) noexcept
+      : previous_(std::exchange(running_pool, pool)) {}
   ~running_guard() { running_pool = previous_; }
   running_guard(const running_guard&) = delete;
   running_guard& operator=(const running_guard&) = delete;
@@ -50,8 +50,8 @@ constexpr std::chrono::microseconds spin_for{100};
 
 /// Spins until done() or spin_for has passed; returns done(). done() is tried before the clock
 /// is read: a caller whose workers have already left (and a worker whose next call has come)
-/// goes on at once. Measured (pool_bench, 8 rounds × 5, median µs, against reading the clock
-/// first): an empty parallel_for(2) 0.97 → 0.67, two tasks reading 512 KiB each 12.4 → 11.4.
+/// goes on at once: an empty parallel_for(2) takes 0.69× as long as when the clock is read
+/// first, on the 2 MiB-L2 Xeon (build/release/bench/pool_bench --benchmark_filter=pool).
 template <class Done>
 bool spin_until(Done&& done) {
   if (done()) return true;
@@ -99,7 +99,9 @@ class default_thread_pool::shared {
     c.failed.store(false, std::memory_order_relaxed);
     generation_.store(g);  // publishes the slot
     if (sleepers_.load() != 0) {
-      { const std::lock_guard lock(mutex_); }  // a sleeper is inside wait() or saw g
+      {
+        const std::lock_guard lock(mutex_);
+      }  // a sleeper is inside wait() or saw g
       wake_.notify_all();
     }
     {
@@ -127,7 +129,7 @@ class default_thread_pool::shared {
     const task_ref* job = nullptr;  // the caller's, alive for its call
     std::size_t n = 0;
     alignas(64) std::atomic<std::size_t> next{0};  // claimed by every thread: a line of its own
-    std::atomic<std::uint64_t> claimed{0};          // n ≤ max_shared_tasks: bit i, index i taken
+    std::atomic<std::uint64_t> claimed{0};         // n ≤ max_shared_tasks: bit i, index i taken
     std::atomic<bool> failed{false};
   };
 
@@ -135,11 +137,8 @@ class default_thread_pool::shared {
   /// share [p·n/threads, (p+1)·n/threads), then whatever the others have not claimed. Calls of
   /// the same n give each participant the same share every time, so a decode step split by kv
   /// heads keeps each head's rows in one core's L2 step after step. Beyond 64 tasks, one
-  /// counter for all. Against one counter for every call (session 28, the 2 MiB-L2 Xeon, one
-  /// binary behind a temporary switch, 3 runs of 5–8 rounds × 3 alternated, 2 threads, fastest):
-  /// every W 256 step 0.60–0.93× as long, f32 and f16 (D 64 / W 256 / kv 8 13.6 against
-  /// 18.7 µs), D 64 / W 4096 / kv 2 (a kv head, 2 MiB, a thread) 0.62–0.80×; past the L2 no
-  /// direction (0.79–1.44; bench/README, session 28).
+  /// counter for all. Against one counter for every call, 2-thread steps whose rows fit the L2
+  /// take 0.60–0.93× as long, on the 2 MiB-L2 Xeon (scripts/bench-targets --shapes '/256/').
   void take_tasks(call& c, std::size_t participant) {
     if (c.n > max_shared_tasks) {
       for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) run_one(c, i);
@@ -203,7 +202,9 @@ class default_thread_pool::shared {
       seen = generation_.load();
       take_tasks(calls_[seen % 2], participant);
       if (busy_.fetch_sub(1) == 1 && caller_waiting_.load()) {
-        { const std::lock_guard lock(mutex_); }  // the caller is inside wait() or saw busy_ 0
+        {
+          const std::lock_guard lock(mutex_);
+        }  // the caller is inside wait() or saw busy_ 0
         left_.notify_all();
       }
     }

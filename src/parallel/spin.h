@@ -1,4 +1,4 @@
-// One step of a spinning wait, shared by default_thread_pool (src/parallel.cpp) and the minimal
+// One step of a spinning wait, shared by default_thread_pool (parallel.cpp) and the minimal
 // fork-join it is measured against (bench/pool_bench.cpp), so the two spin the same way.
 #pragma once
 #include <thread>

@@ -29,9 +29,8 @@ struct moments {
 moments integrate(double a, double b, double alpha) {
   static constexpr double node[5] = {-0.9061798459386640, -0.5384693101056831, 0.0,
                                      0.5384693101056831, 0.9061798459386640};
-  static constexpr double weight[5] = {0.2369268850561891, 0.4786286704993665,
-                                       0.5688888888888889, 0.4786286704993665,
-                                       0.2369268850561891};
+  static constexpr double weight[5] = {0.2369268850561891, 0.4786286704993665, 0.5688888888888889,
+                                       0.4786286704993665, 0.2369268850561891};
   constexpr int panels = 64;
   const double h = (b - a) / panels;
   moments m;
@@ -93,7 +92,8 @@ codebook lloyd(std::size_t dim, unsigned bits) {
   }
   for (double x : c) book.centroids.push_back(float(x));
   for (std::size_t i = 0; i + 1 < levels; ++i)
-    book.boundaries.push_back(book.centroids[i] + 0.5f * (book.centroids[i + 1] - book.centroids[i]));
+    book.boundaries.push_back(book.centroids[i] +
+                              0.5f * (book.centroids[i + 1] - book.centroids[i]));
   return book;
 }
 

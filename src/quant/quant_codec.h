@@ -11,13 +11,13 @@ namespace ringkv::codec {
 struct rows_format {
   bool int8 = false;
   std::size_t heads = 0, head_dim = 0;
-  unsigned bits = 0;                   // codebook bits per coordinate
-  std::size_t code_bytes = 0;          // per row, LSB-first bit stream
+  unsigned bits = 0;           // codebook bits per coordinate
+  std::size_t code_bytes = 0;  // per row, LSB-first bit stream
   bool qjl = false;
-  std::size_t sign_bytes = 0;          // per row when qjl
-  const float* centroids = nullptr;    // 2^bits
-  const float* rotations = nullptr;    // [heads][rotation_floats]
-  std::size_t rotation_floats = 0;     // head_dim (Hadamard signs ±1/√d) or head_dim²
+  std::size_t sign_bytes = 0;        // per row when qjl
+  const float* centroids = nullptr;  // 2^bits
+  const float* rotations = nullptr;  // [heads][rotation_floats]
+  std::size_t rotation_floats = 0;   // head_dim (Hadamard signs ±1/√d) or head_dim²
   bool hadamard = false;
   const float* projections = nullptr;  // [heads][head_dim][head_dim] when qjl
 };
@@ -34,9 +34,18 @@ struct rows_run {
 /// The plain format of a ringkv::compressed_format (a template, so this header needs no module).
 template <class Format>
 rows_format format_of(const Format& f) noexcept {
-  return rows_format{f.kind != decltype(f.kind)::turboquant, f.heads, f.head_dim, f.bits,
-                     f.code_bytes, f.qjl, f.sign_bytes, f.centroids, f.rotations,
-                     f.rotation_floats, f.hadamard, f.projections};
+  return rows_format{f.kind != decltype(f.kind)::turboquant,
+                     f.heads,
+                     f.head_dim,
+                     f.bits,
+                     f.code_bytes,
+                     f.qjl,
+                     f.sign_bytes,
+                     f.centroids,
+                     f.rotations,
+                     f.rotation_floats,
+                     f.hadamard,
+                     f.projections};
 }
 
 /// The plain run of a ringkv::compressed_view whose first row is at absolute position `first`.

@@ -19,11 +19,10 @@ int8_kv_cache_store::int8_kv_cache_store(kv_cache_config config, store_options s
   const std::size_t rows = this->config().kv_heads * this->config().capacity;
   layers_.reserve(this->config().layers);
   for (std::size_t l = 0; l < this->config().layers; ++l)
-    layers_.push_back(layer_state{
-        {storage(side_elements(), "int8-key-codes", sink),
-         storage(rows * sizeof(float), "int8-key-scales", sink)},
-        {storage(side_elements(), "int8-value-codes", sink),
-         storage(rows * sizeof(float), "int8-value-scales", sink)}});
+    layers_.push_back(layer_state{{storage(side_elements(), "int8-key-codes", sink),
+                                   storage(rows * sizeof(float), "int8-key-scales", sink)},
+                                  {storage(side_elements(), "int8-value-codes", sink),
+                                   storage(rows * sizeof(float), "int8-value-scales", sink)}});
 }
 
 compressed_format int8_kv_cache_store::format() const noexcept {
@@ -40,7 +39,8 @@ std::size_t int8_kv_cache_store::append(std::size_t layer, std::span<const float
                                         std::span<const float> value) {
   const std::size_t slot = prepare_append(layer, key, value);
   const std::size_t d = config().head_dim, capacity = config().capacity;
-  for (auto [b, row] : {std::pair{&layers_[layer].keys, key}, std::pair{&layers_[layer].values, value}})
+  for (auto [b, row] :
+       {std::pair{&layers_[layer].keys, key}, std::pair{&layers_[layer].values, value}})
     for (std::size_t h = 0; h < config().kv_heads; ++h) {
       const std::span<const float> x = row.subspan(h * d, d);
       float absmax = 0;
@@ -50,9 +50,10 @@ std::size_t int8_kv_cache_store::append(std::size_t layer, std::span<const float
       for (std::size_t i = 0; i < d; ++i) {
         // NaN (or inf / inf) has no code: 0; the comparisons keep the conversion defined.
         const float r = scale > 0 ? std::nearbyint(x[i] / scale) : 0.0f;
-        codes[i] = r >= 127.0f ? std::int8_t{127} : r <= -127.0f ? std::int8_t{-127}
-                   : r == r    ? std::int8_t(r)
-                               : std::int8_t{0};
+        codes[i] = r >= 127.0f    ? std::int8_t{127}
+                   : r <= -127.0f ? std::int8_t{-127}
+                   : r == r       ? std::int8_t(r)
+                                  : std::int8_t{0};
       }
       b->scales.as<float>()[h * capacity + slot] = scale;
     }

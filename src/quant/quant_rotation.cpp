@@ -85,8 +85,8 @@ void random_rotation::check(const char* who, std::span<const float> in,
     throw std::invalid_argument(std::string("ringkv::random_rotation::") + who + ": " + what);
   };
   if (in.size() != dim_ || out.size() != dim_)
-    refuse("in has " + std::to_string(in.size()) + " floats and out " +
-           std::to_string(out.size()) + "; both must have dim = " + std::to_string(dim_));
+    refuse("in has " + std::to_string(in.size()) + " floats and out " + std::to_string(out.size()) +
+           "; both must have dim = " + std::to_string(dim_));
   // The dense product reads all of in for every output: it cannot work in place.
   if (!hadamard_ && dim_ > 0 && in.data() < out.data() + dim_ && out.data() < in.data() + dim_)
     refuse("out overlaps in (only a Hadamard rotation, dim a power of two, works in place)");

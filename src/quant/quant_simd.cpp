@@ -75,9 +75,9 @@ HWY_INLINE void ExpandCodes(const std::uint8_t* codes, std::size_t padded, const
   const DU8 d8;
   const VF vs = hn::Set(d, scale);
   for (std::size_t i = 0; i < padded; i += hn::Lanes(d))
-    hn::Store(hn::Mul(Lookup(d, t.levels, t.vectors, hn::PromoteTo(di, hn::LoadU(d8, codes + i))),
-                      vs),
-              d, out + i);
+    hn::Store(
+        hn::Mul(Lookup(d, t.levels, t.vectors, hn::PromoteTo(di, hn::LoadU(d8, codes + i))), vs), d,
+        out + i);
 }
 
 /// out[0, padded) = scale · table[code i] straight from the packed row: each vector's N codes
@@ -114,7 +114,8 @@ HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::siz
     if (full == padded) return;
     std::uint32_t word = 0;  // the row's last, partial group, then zero lanes up to padded
     for (std::size_t k = full * Bits / 8; k < (dim * Bits + 7) / 8; ++k)
-      word |= std::uint32_t(std::to_integer<std::uint8_t>(packed[k])) << (8 * (k - full * Bits / 8));
+      word |= std::uint32_t(std::to_integer<std::uint8_t>(packed[k]))
+              << (8 * (k - full * Bits / 8));
     const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
     hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, out + full);
     for (std::size_t i = full + N; i < padded; i += N) hn::Store(hn::Zero(d), d, out + i);
@@ -125,16 +126,19 @@ HWY_INLINE void ExpandPacked(const std::byte* packed, unsigned bits, std::size_t
                              std::size_t padded, const lane_table& t, float scale,
                              std::uint8_t* bytes, float* out) {
   switch (bits) {
-    case 1: return ExpandPackedT<1>(packed, dim, padded, t, scale, bytes, out);
-    case 2: return ExpandPackedT<2>(packed, dim, padded, t, scale, bytes, out);
-    case 3: return ExpandPackedT<3>(packed, dim, padded, t, scale, bytes, out);
-    default: return ExpandPackedT<4>(packed, dim, padded, t, scale, bytes, out);
+    case 1:
+      return ExpandPackedT<1>(packed, dim, padded, t, scale, bytes, out);
+    case 2:
+      return ExpandPackedT<2>(packed, dim, padded, t, scale, bytes, out);
+    case 3:
+      return ExpandPackedT<3>(packed, dim, padded, t, scale, bytes, out);
+    default:
+      return ExpandPackedT<4>(packed, dim, padded, t, scale, bytes, out);
   }
 }
 
 /// out[0, padded) = scale · int8 codes (row is padded: reads stop at head_dim via `codes`).
-HWY_INLINE void ExpandInt8(const std::uint8_t* codes, std::size_t padded, float scale,
-                           float* out) {
+HWY_INLINE void ExpandInt8(const std::uint8_t* codes, std::size_t padded, float scale, float* out) {
   const DF d;
   const DI di;
   const DI8 d8;
@@ -227,7 +231,8 @@ HWY_INLINE void RotateBack(const compressed_problem& cp, const chunk& c, float* 
 /// The window's positions only (no rows): what the block and segment walks need.
 HWY_INLINE window PositionsOf(const code_window& w) {
   window out;
-  for (std::size_t r = 0; r < w.run_count; ++r) out.runs[r] = {nullptr, 0, 0, w.runs[r].first, w.runs[r].count};
+  for (std::size_t r = 0; r < w.run_count; ++r)
+    out.runs[r] = {nullptr, 0, 0, w.runs[r].first, w.runs[r].count};
   out.run_count = w.run_count;
   return out;
 }
@@ -237,8 +242,10 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   HWY_ALIGN float scratch[scratch_floats];
   tiles t;  // ~100 KB of stack at head_dim 256: a thread_local per target would cost every thread
   const bool qjl = cp.keys.format.qjl;
-  t.key_levels.set(cp.keys.format.centroids, cp.keys.format.int8 ? 0 : std::size_t{1} << cp.keys.format.bits);
-  t.value_levels.set(cp.values.format.centroids, cp.values.format.int8 ? 0 : std::size_t{1} << cp.values.format.bits);
+  t.key_levels.set(cp.keys.format.centroids,
+                   cp.keys.format.int8 ? 0 : std::size_t{1} << cp.keys.format.bits);
+  t.value_levels.set(cp.values.format.centroids,
+                     cp.values.format.int8 ? 0 : std::size_t{1} << cp.values.format.bits);
   const float plus_minus[2] = {-1.0f, 1.0f};
   t.signs.set(plus_minus, 2);
   std::fill(t.codes, t.codes + sizeof(t.codes), std::uint8_t{0});
@@ -275,11 +282,10 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
             c.scores[h * c.block + j] +=
                 t.factors[j] * Dot(DF(), sq + h * padded, t.z + j * padded, dim);
       };
-      DecodeSegments(p.keys, dim, c, extra, sinks, out,
-                     [&](std::size_t from, std::size_t to, const state& s) {
-                       AttendBlocks<row_loader<float>>(p.keys, dim, c, from, to, s, collect,
-                                                       correct);
-                     });
+      DecodeSegments(
+          p.keys, dim, c, extra, sinks, out, [&](std::size_t from, std::size_t to, const state& s) {
+            AttendBlocks<row_loader<float>>(p.keys, dim, c, from, to, s, collect, correct);
+          });
       RotateBack(cp, c, out);
     }
 }

@@ -1,4 +1,4 @@
-// The compressed-window decode kernel's entry point, declared without Highway (DESIGN §2, §5):
+// The compressed-window decode kernel's entry point, declared without Highway (docs/design.md):
 // attention straight from TurboQuant / int8 codes. Arguments are trusted (checked by the caller).
 //
 // Arithmetic: the query is scaled and rotated once per step (q' = scale·Π·q); for each block of

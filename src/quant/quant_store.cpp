@@ -9,11 +9,11 @@ namespace ringkv {
 
 compressed_window compressed_kv_cache_store::window(kv_side side, std::size_t layer,
                                                     std::size_t from, std::size_t to) const {
-  return window_of(side, layer,
-                   window_slots(side == kv_side::keys
-                                    ? "compressed_kv_cache_store::compressed_key_window"
-                                    : "compressed_kv_cache_store::compressed_value_window",
-                                layer, from, to));
+  return window_of(
+      side, layer,
+      window_slots(side == kv_side::keys ? "compressed_kv_cache_store::compressed_key_window"
+                                         : "compressed_kv_cache_store::compressed_value_window",
+                   layer, from, to));
 }
 
 compressed_window compressed_kv_cache_store::compressed_key_window(std::size_t layer,
@@ -29,8 +29,7 @@ compressed_window compressed_kv_cache_store::compressed_value_window(std::size_t
 }
 
 void compressed_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,
-                                     std::size_t from, std::size_t to,
-                                     std::span<float> out) const {
+                                     std::size_t from, std::size_t to, std::span<float> out) const {
   detail::decode_window(window_of(side, layer, read_slots(who, layer, from, to, out)), out);
 }
 

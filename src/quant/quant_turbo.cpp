@@ -57,7 +57,8 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
     if (quant_.qjl) {
       s.keys.signs = storage(rows * code_bytes(d, 1), "turboquant-qjl-signs", sink);
       s.keys.residual_norms = storage(rows * sizeof(float), "turboquant-qjl-residual-norms", sink);
-      s.projections = storage(c.kv_heads * d * d * sizeof(float), "turboquant-qjl-projections", sink);
+      s.projections =
+          storage(c.kv_heads * d * d * sizeof(float), "turboquant-qjl-projections", sink);
       for (std::size_t h = 0; h < c.kv_heads; ++h)
         fill_gaussian(s.projections.as<float>().subspan(h * d * d, d * d),
                       mix(quant_.seed, l, h, 2));
@@ -156,10 +157,10 @@ std::size_t turboquant_kv_cache_store::append(std::size_t layer, std::span<const
 compressed_window turboquant_kv_cache_store::window_of(kv_side side, std::size_t layer,
                                                        const slot_runs& slots) const {
   const side_buffers& b = side == kv_side::keys ? layers_[layer].keys : layers_[layer].values;
-  return detail::window_over(format(side, layer), slots.view(), config().capacity,
-                             b.codes.data(), b.scales.as<float>().data(),
-                             b.signs.empty() ? nullptr : b.signs.data(),
-                             b.residual_norms.empty() ? nullptr : b.residual_norms.as<float>().data());
+  return detail::window_over(
+      format(side, layer), slots.view(), config().capacity, b.codes.data(),
+      b.scales.as<float>().data(), b.signs.empty() ? nullptr : b.signs.data(),
+      b.residual_norms.empty() ? nullptr : b.residual_norms.as<float>().data());
 }
 
 memory_report turboquant_kv_cache_store::memory() const {

@@ -32,11 +32,11 @@ compressed_window window_over(const compressed_format& f,
   std::array<compressed_run, compressed_window::max_runs> runs{};
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const std::size_t slot = slots[i].slot;
-    runs[i] = {compressed_view{codes + slot * f.code_bytes, scales + slot,
-                               signs ? signs + slot * f.sign_bytes : nullptr,
-                               residual_norms ? residual_norms + slot : nullptr, slots[i].count,
-                               capacity},
-               slots[i].first_position};
+    runs[i] = {
+        compressed_view{codes + slot * f.code_bytes, scales + slot,
+                        signs ? signs + slot * f.sign_bytes : nullptr,
+                        residual_norms ? residual_norms + slot : nullptr, slots[i].count, capacity},
+        slots[i].first_position};
   }
   return compressed_window(f, std::span<const compressed_run>(runs.data(), slots.size()));
 }
@@ -84,11 +84,11 @@ void compressed_window::decode(std::size_t i, std::size_t h, std::size_t p,
                                std::span<float> out) const {
   if (i >= count_ || h >= format_.heads || p >= views_[i].positions ||
       out.size() != format_.head_dim)
-    throw std::out_of_range("ringkv::compressed_window::decode: run " + std::to_string(i) +
-                            " of " + std::to_string(count_) + ", head " + std::to_string(h) +
-                            " of " + std::to_string(format_.heads) + ", position " +
-                            std::to_string(p) + ", out of " + std::to_string(out.size()) +
-                            " floats (head_dim " + std::to_string(format_.head_dim) + ")");
+    throw std::out_of_range("ringkv::compressed_window::decode: run " + std::to_string(i) + " of " +
+                            std::to_string(count_) + ", head " + std::to_string(h) + " of " +
+                            std::to_string(format_.heads) + ", position " + std::to_string(p) +
+                            ", out of " + std::to_string(out.size()) + " floats (head_dim " +
+                            std::to_string(format_.head_dim) + ")");
   codec::decode_row(codec::format_of(format_), h, codec::run_of(views_[i], starts_[i]), p,
                     out.data());
 }

@@ -9,7 +9,7 @@
 //   52  u64 keep, slack
 //   68  the kind's section: its parameters (TurboQuant: u32 key_bits, u32 value_bits, u8 qjl,
 //       u64 seed; the default and int8 stores have none), per layer u64 length and u64
-//       window_start, then per layer each plane's held rows (src/snapshot_slots.cpp)
+//       window_start, then per layer each plane's held rows (snapshot_slots.cpp)
 //  end  u64 XXH3-64 (seed 0) of every byte before it
 module;
 #include <algorithm>
@@ -232,7 +232,8 @@ snapshot_header read_header(snapshot_in& in) {
   if (version == 0) in.fail("format version 0 does not exist", 8);
   snapshot_header h;
   const std::uint32_t kind = in.u32();
-  if (kind < std::uint32_t(snapshot_kind::default_store) || kind > std::uint32_t(snapshot_kind::int8))
+  if (kind < std::uint32_t(snapshot_kind::default_store) ||
+      kind > std::uint32_t(snapshot_kind::int8))
     in.fail("unknown store kind " + str(kind) + " (1 default, 2 turboquant, 3 int8)", 12);
   h.kind = snapshot_kind(kind);
   // Sizes are bounded so that no product below can overflow 64 bits (2^62 positions, 2^24 of
@@ -246,7 +247,8 @@ snapshot_header read_header(snapshot_in& in) {
   h.config.value_type = read_dtype(in, "value_type");
   const std::uint64_t flag_at = in.offset();
   const std::uint8_t ring = in.u8(), reserved = in.u8();
-  if (ring > 1) in.fail("options out of range: sliding_window byte " + str(ring) + " not 0 or 1", flag_at);
+  if (ring > 1)
+    in.fail("options out of range: sliding_window byte " + str(ring) + " not 0 or 1", flag_at);
   if (reserved != 0) in.fail("reserved byte " + str(reserved) + " is not 0", flag_at + 1);
   h.options.sliding_window = ring == 1;
   const std::uint64_t keep_at = in.offset();
@@ -281,7 +283,8 @@ layer_counters read_counters(const snapshot_header& h, snapshot_in& in) {
     // Nothing overwritten yet: every position is in its own slot.
     if (c.length > capacity) refuse("length > capacity with nothing overwritten");
   } else {
-    if (!h.options.sliding_window) refuse("a dense store never overwrites (window_start must be 0)");
+    if (!h.options.sliding_window)
+      refuse("a dense store never overwrites (window_start must be 0)");
     if (c.window_start <= keep) refuse("window_start must be 0 or > keep");
     if (c.window_start > c.length) refuse("window_start > length");
     if (c.length - c.window_start > capacity - keep)
@@ -299,8 +302,9 @@ void save_snapshot(const kv_cache_store& store, std::ostream& out) {
   else if (dynamic_cast<const int8_kv_cache_store*>(&store))
     kind = snapshot_kind::int8;
   else
-    throw std::invalid_argument("ringkv::save: this store type has no snapshot format (the "
-                                "default, TurboQuant and int8 stores have)");
+    throw std::invalid_argument(
+        "ringkv::save: this store type has no snapshot format (the "
+        "default, TurboQuant and int8 stores have)");
   snapshot_out s(out);
   write_header(kind, store.config(), store.options(), s);
   save_slots(kind, dynamic_cast<const slotted_kv_cache_store&>(store), s);

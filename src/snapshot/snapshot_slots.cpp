@@ -39,8 +39,8 @@ struct snapshot_access<turboquant_kv_cache_store> {
   static std::vector<storage*> planes(turboquant_kv_cache_store& s, std::size_t l) {
     auto& x = s.layers_[l];
     if (!s.quant_.qjl) return {&x.keys.codes, &x.keys.scales, &x.values.codes, &x.values.scales};
-    return {&x.keys.codes, &x.keys.scales, &x.keys.signs, &x.keys.residual_norms,
-            &x.values.codes, &x.values.scales};
+    return {&x.keys.codes,          &x.keys.scales,  &x.keys.signs,
+            &x.keys.residual_norms, &x.values.codes, &x.values.scales};
   }
 };
 template <>
@@ -70,9 +70,10 @@ std::vector<plane_spec> layout(snapshot_kind kind, const kv_cache_config& c,
       return {{d * size_of(c.key_type), size_of(c.key_type)},
               {d * size_of(c.value_type), size_of(c.value_type)}};
     case snapshot_kind::turboquant:
-      if (!t.qjl) return {{bits_bytes(d, t.key_bits), 1}, {f, f}, {bits_bytes(d, t.value_bits), 1}, {f, f}};
+      if (!t.qjl)
+        return {{bits_bytes(d, t.key_bits), 1}, {f, f}, {bits_bytes(d, t.value_bits), 1}, {f, f}};
       return {{bits_bytes(d, t.key_bits - 1), 1}, {f, f}, {bits_bytes(d, 1), 1}, {f, f},
-              {bits_bytes(d, t.value_bits), 1}, {f, f}};
+              {bits_bytes(d, t.value_bits), 1},   {f, f}};
     case snapshot_kind::int8:
       return {{d, 1}, {f, f}, {d, 1}, {f, f}};
   }
@@ -138,7 +139,8 @@ std::size_t store_bytes(snapshot_kind kind, const kv_cache_config& c, const turb
 
 turboquant_options read_turboquant(snapshot_in& in) {
   turboquant_options t;
-  for (auto [field, name] : {std::pair{&t.key_bits, "key_bits"}, std::pair{&t.value_bits, "value_bits"}}) {
+  for (auto [field, name] :
+       {std::pair{&t.key_bits, "key_bits"}, std::pair{&t.value_bits, "value_bits"}}) {
     const std::uint64_t at = in.offset();
     const std::uint32_t bits = in.u32();
     if (bits < 2 || bits > 4)
@@ -149,7 +151,8 @@ turboquant_options read_turboquant(snapshot_in& in) {
   }
   const std::uint64_t at = in.offset();
   const std::uint8_t qjl = in.u8();
-  if (qjl > 1) in.fail("config out of range: turboquant qjl byte " + std::to_string(qjl) + " not 0 or 1", at);
+  if (qjl > 1)
+    in.fail("config out of range: turboquant qjl byte " + std::to_string(qjl) + " not 0 or 1", at);
   t.qjl = qjl == 1;
   t.seed = in.u64();
   return t;
@@ -185,7 +188,8 @@ void save_slots(snapshot_kind kind, const slotted_kv_cache_store& s, snapshot_ou
     out.u64(s.window_start(l));
   }
   const std::vector<plane_spec> specs = layout(kind, c, t);
-  auto& writable = const_cast<slotted_kv_cache_store&>(s);  // planes_of only hands out buffers to read
+  auto& writable =
+      const_cast<slotted_kv_cache_store&>(s);  // planes_of only hands out buffers to read
   for (std::size_t l = 0; l < c.layers; ++l) {
     const std::vector<storage*> planes = planes_of(kind, writable, l);
     const std::vector<slot_span> runs = held_runs(s, l);
@@ -216,8 +220,8 @@ std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in
   // Held rows <= capacity per layer and bytes did not overflow: this sum cannot either.
   std::size_t data_bytes = 0;
   for (const layer_counters& lc : counters) {
-    const std::size_t held = lc.window_start == 0 ? lc.length
-                                                  : h.options.keep + lc.length - lc.window_start;
+    const std::size_t held =
+        lc.window_start == 0 ? lc.length : h.options.keep + lc.length - lc.window_start;
     data_bytes += held * c.kv_heads * row_bytes;
   }
   const std::vector<std::byte> data = in.block(data_bytes);

@@ -94,8 +94,8 @@ windowed_kv kv_cache_store::value_window(std::size_t layer, std::size_t from, st
 
 windowed_kv kv_cache_store::copied_window(kv_side side, std::size_t layer, std::size_t from,
                                           std::size_t to, scope& arena) const {
-  const char* who = side == kv_side::keys ? "kv_cache_store::key_window"
-                                          : "kv_cache_store::value_window";
+  const char* who =
+      side == kv_side::keys ? "kv_cache_store::key_window" : "kv_cache_store::value_window";
   check_range(who, layer, from, to);
   const kv_cache_config c = config();
   std::array<kv_run, 2> runs{};
@@ -113,8 +113,8 @@ windowed_kv kv_cache_store::copied_window(kv_side side, std::size_t layer, std::
     bytes += view.bytes();
   }
   if (count > 0 && sink().enabled())
-    sink().emit(trace::adapter_inserted{copy_kind(),
-                                        side == kv_side::keys ? "keys" : "values", bytes});
+    sink().emit(
+        trace::adapter_inserted{copy_kind(), side == kv_side::keys ? "keys" : "values", bytes});
   return windowed_kv(std::span<const kv_run>(runs.data(), count));
 }
 

@@ -45,9 +45,9 @@ default_kv_cache_store::default_kv_cache_store(kv_cache_config config, store_opt
   const kv_cache_config& c = this->config();
   layers_.reserve(c.layers);
   for (std::size_t l = 0; l < c.layers; ++l)
-    layers_.push_back(layer_buffers{
-        storage(side_elements() * size_of(c.key_type), "kv-cache-keys", sink),
-        storage(side_elements() * size_of(c.value_type), "kv-cache-values", sink)});
+    layers_.push_back(
+        layer_buffers{storage(side_elements() * size_of(c.key_type), "kv-cache-keys", sink),
+                      storage(side_elements() * size_of(c.value_type), "kv-cache-values", sink)});
 }
 
 const storage& default_kv_cache_store::key_storage(std::size_t layer) const {

@@ -84,8 +84,8 @@ std::size_t slotted_kv_cache_store::prepare_append(std::size_t layer, std::span<
   for (const auto& [what, span] : {std::pair{"key", key}, std::pair{"value", value}})
     if (span.size() != row)
       throw std::invalid_argument(std::string("ringkv::") + name_ + "::append: " + what + " has " +
-                                  str(span.size()) + " floats, expected kv_heads * head_dim = " +
-                                  str(row));
+                                  str(span.size()) +
+                                  " floats, expected kv_heads * head_dim = " + str(row));
   // README "NaN and Inf": refused, not stored (nor rounded to ±Inf by an f16/bf16 store).
   if (!all_finite(key) || !all_finite(value) || !all_storable(key, config_.key_type) ||
       !all_storable(value, config_.value_type)) {
@@ -120,19 +120,17 @@ void slotted_kv_cache_store::truncate(std::size_t layer, std::size_t new_length)
   counters& s = layers_[layer];
   auto who = [&] { return std::string("ringkv::") + name_ + "::truncate: new_length "; };
   if (new_length > s.length)
-    throw std::out_of_range(who() + str(new_length) + " > length " + str(s.length) +
-                            " of layer " + str(layer) + " (truncate only rolls back)");
+    throw std::out_of_range(who() + str(new_length) + " > length " + str(s.length) + " of layer " +
+                            str(layer) + " (truncate only rolls back)");
   const std::size_t keep = options_.keep;
   // The token appended next sits at new_length; its rolling keys before it must still be held.
-  const std::size_t need_from =
-      std::min(std::max(keep, query_window(new_length).from), new_length);
+  const std::size_t need_from = std::min(std::max(keep, query_window(new_length).from), new_length);
   if (!holds(layer, need_from, new_length))
     throw std::out_of_range(who() + str(new_length) + " of layer " + str(layer) +
                             " needs positions [" + str(need_from) + ", " + str(new_length) +
                             ") for the next token's window (W " + str(attention_window()) +
-                            ", keep " + str(keep) + ") but window_start is " +
-                            str(s.window_start) + " (length " + str(s.length) + ", slack " +
-                            str(options_.slack) + ")");
+                            ", keep " + str(keep) + ") but window_start is " + str(s.window_start) +
+                            " (length " + str(s.length) + ", slack " + str(options_.slack) + ")");
   s.length = new_length;
   // Positions >= new_length are forgotten; overwritten ones before window_start stay lost.
   s.window_start = new_length <= keep ? 0 : std::min(s.window_start, new_length);
@@ -191,16 +189,15 @@ slotted_kv_cache_store::slot_runs slotted_kv_cache_store::read_slots(const char*
   check_range(who, layer, from, to);
   const std::size_t expected = config_.row_floats() * (to - from);
   if (out.size() != expected)
-    throw std::invalid_argument(std::string("ringkv::") + who + ": out has " + str(out.size()) +
-                                " floats, expected kv_heads * (to - from) * head_dim = " +
-                                str(expected));
+    throw std::invalid_argument(
+        std::string("ringkv::") + who + ": out has " + str(out.size()) +
+        " floats, expected kv_heads * (to - from) * head_dim = " + str(expected));
   slot_runs runs;
   add_slots(runs, {from, to});
   return runs;
 }
 
-memory_report slotted_kv_cache_store::report(std::size_t key_bytes,
-                                             std::size_t value_bytes) const {
+memory_report slotted_kv_cache_store::report(std::size_t key_bytes, std::size_t value_bytes) const {
   memory_report r;
   std::size_t rows = 0;
   for (std::size_t l = 0; l < config_.layers; ++l) rows += held(l);

@@ -23,8 +23,8 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
 // A window streams megabytes: with 4 KiB pages every 4 KiB is a TLB miss, and the hardware
-// prefetchers stop at each page (measured, decode at D 128 / W 4096 / 8 kv heads: 5.9 ms a step
-// on 4 KiB pages, 4.1 ms on huge pages).
+// prefetchers stop at each page: a D 128 / W 4096 / kv 8 step took 1.44× as long on 4 KiB pages
+// as on huge pages (Zen 3; scripts/bench-targets --shapes '^128/4096/8').
 std::size_t alignment_for(std::size_t bytes) {
   return bytes >= storage::huge_page ? storage::huge_page : storage::alignment;
 }
@@ -44,7 +44,7 @@ void advise_huge_pages([[maybe_unused]] std::byte* data, [[maybe_unused]] std::s
 
 bool all_finite(std::span<const float> values) noexcept {
   // Highway's widest target: the compiler's own vectorization of this test stayed at SSE2 (the
-  // library's baseline), 0.13 µs for a 512-float query, 6 % of a D 64 / W 16 / kv 8 step.
+  // library's baseline), 6 % of a D 64 / W 16 / kv 8 step for a 512-float query (2 MiB-L2 Xeon).
   return simd::all_finite(values.data(), values.size());
 }
 
@@ -87,10 +87,10 @@ void require_storable(std::string_view who, std::string_view what, std::span<con
   const float limit = overflow_limit(type);
   for (std::size_t i = 0; i < values.size(); ++i)
     if (std::fabs(values[i]) >= limit)
-      refuse(std::string(who) + ": " + std::string(what) + "[" + std::to_string(i) + "] = " +
-             std::to_string(values[i]) + " is too large for " + std::string(name_of(type)) +
-             " (largest finite " + (type == dtype::f16 ? "65504" : "3.39e38") +
-             "; it would round to inf)");
+      refuse(std::string(who) + ": " + std::string(what) + "[" + std::to_string(i) +
+             "] = " + std::to_string(values[i]) + " is too large for " +
+             std::string(name_of(type)) + " (largest finite " +
+             (type == dtype::f16 ? "65504" : "3.39e38") + "; it would round to inf)");
 }
 
 storage::storage(std::size_t bytes, std::string_view site, trace::sink& sink)
@@ -110,8 +110,7 @@ storage::~storage() {
 }
 
 tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::size_t positions,
-                         std::size_t head_dim, std::size_t head_stride,
-                         std::size_t position_stride)
+                         std::size_t head_dim, std::size_t head_stride, std::size_t position_stride)
     : data_(data), type_(type), heads_(heads), positions_(positions), head_dim_(head_dim),
       head_stride_(head_stride), position_stride_(position_stride) {
   if (heads == 0) refuse("tensor_view: heads must be > 0");
@@ -123,8 +122,9 @@ tensor_view::tensor_view(std::byte* data, dtype type, std::size_t heads, std::si
   // positions, dim]), or heads interleave within a position ([positions, heads, dim], e.g. a
   // prefill chunk as the caller laid it out).
   const bool head_major = head_stride >= (positions - 1) * position_stride + head_dim;
-  const bool position_major = head_stride >= head_dim &&
-                              (positions < 2 || position_stride >= (heads - 1) * head_stride + head_dim);
+  const bool position_major =
+      head_stride >= head_dim &&
+      (positions < 2 || position_stride >= (heads - 1) * head_stride + head_dim);
   if (heads > 1 && positions > 0 && !head_major && !position_major)
     refuse("tensor_view: head_stride " + std::to_string(head_stride) +
            " is smaller than one head's extent (heads would overlap)");

@@ -22,9 +22,12 @@ class disabled_sink final : public sink {
 void write_json_string(std::ostream& os, std::string_view s) {
   os << '"';
   for (char c : s) {
-    if (c == '"' || c == '\\') os << '\\' << c;
-    else if (static_cast<unsigned char>(c) < 0x20) os << ' ';
-    else os << c;
+    if (c == '"' || c == '\\')
+      os << '\\' << c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      os << ' ';
+    else
+      os << c;
   }
   os << '"';
 }
@@ -41,7 +44,9 @@ void write_micros(std::ostream& os, std::int64_t nanos) {
 }
 
 template <class... F>
-struct overloaded : F... { using F::operator()...; };
+struct overloaded : F... {
+  using F::operator()...;
+};
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 }  // namespace
@@ -58,7 +63,8 @@ recorder::recorder(std::size_t capacity, bool kernel_runs) : kernel_runs_(kernel
 
 void recorder::emit(const event& e) {
   const auto now = std::chrono::steady_clock::now() - start_;
-  ring_[next_] = stamped_event{std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), e};
+  ring_[next_] =
+      stamped_event{std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), e};
   next_ = next_ + 1 == ring_.size() ? 0 : next_ + 1;
   if (held_ < ring_.size()) ++held_;
   ++emitted_;
@@ -77,7 +83,9 @@ std::pair<std::span<const stamped_event>, std::span<const stamped_event>> record
   return {all.subspan(next_), all.first(next_)};  // oldest is at next_ once full
 }
 
-void begin_chrome_trace(std::ostream& os) { os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"; }
+void begin_chrome_trace(std::ostream& os) {
+  os << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+}
 void end_chrome_trace(std::ostream& os) { os << "\n]}\n"; }
 
 void write_chrome_event(std::ostream& os, const event& e, std::int64_t at_nanos, bool first) {

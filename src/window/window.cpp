@@ -29,8 +29,7 @@ void windowed_kv::add(const tensor_view& v, std::size_t first_position) {
   if (v.positions() == 0) return;
   if (count_ > 0) {
     const tensor_view& first = views_[0];
-    if (v.heads() != first.heads() || v.head_dim() != first.head_dim() ||
-        v.type() != first.type())
+    if (v.heads() != first.heads() || v.head_dim() != first.head_dim() || v.type() != first.type())
       throw std::invalid_argument(
           "ringkv::windowed_kv: run " + std::to_string(count_) + " is [" +
           std::to_string(v.heads()) + " heads, head_dim " + std::to_string(v.head_dim()) + ", " +

@@ -22,12 +22,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& [key, value] : f.metadata()) {
       try {
         (void)f.get_u32(key);
-      } catch (const gguf::format_error&) {
-      }
+      } catch (const gguf::format_error&) {}
       try {
         (void)f.get_uint_array(key);
-      } catch (const gguf::format_error&) {
-      }
+      } catch (const gguf::format_error&) {}
     }
   } catch (const gguf::format_error& e) {
     if (e.offset() > size) {

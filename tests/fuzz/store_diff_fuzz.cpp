@@ -51,14 +51,32 @@ class differential {
     while (in_.remaining_bytes() > 0 && steps_ < 512) {
       const std::size_t l = in_.ConsumeIntegralInRange<std::size_t>(0, c_.layers - 1);
       switch (in_.ConsumeIntegralInRange(0, 9)) {
-        case 0: case 1: case 2: append(l); break;
-        case 3: window(l); break;
-        case 4: read(l); break;
-        case 5: truncate(l); break;
-        case 6: both([&](ringkv::kv_cache_store& s) { s.clear(l); }); break;
-        case 7: both([&](ringkv::kv_cache_store& s) { s.clear(); }); break;
-        case 8: save_load(); break;
-        default: append_many(l); break;
+        case 0:
+        case 1:
+        case 2:
+          append(l);
+          break;
+        case 3:
+          window(l);
+          break;
+        case 4:
+          read(l);
+          break;
+        case 5:
+          truncate(l);
+          break;
+        case 6:
+          both([&](ringkv::kv_cache_store& s) { s.clear(l); });
+          break;
+        case 7:
+          both([&](ringkv::kv_cache_store& s) { s.clear(); });
+          break;
+        case 8:
+          save_load();
+          break;
+        default:
+          append_many(l);
+          break;
       }
       compare_positions();
       arena_.reset();
@@ -109,7 +127,8 @@ class differential {
     const bool keys = in_.ConsumeBool();
     std::optional<ringkv::windowed_kv> a, b;
     const int ra = fuzz::outcome([&] {
-      a = keys ? store_->key_window(l, from, to, arena_) : store_->value_window(l, from, to, arena_);
+      a = keys ? store_->key_window(l, from, to, arena_)
+               : store_->value_window(l, from, to, arena_);
     });
     const int rb = fuzz::outcome([&] {
       b = keys ? model_.key_window(l, from, to, arena_) : model_.value_window(l, from, to, arena_);
@@ -136,12 +155,10 @@ class differential {
     const bool keys = in_.ConsumeBool();
     const std::size_t size = from <= to ? (to - from) * c_.row_floats() : 0;
     std::vector<float> a(size, -1.0f), b(size, -2.0f);
-    const int ra = fuzz::outcome([&] {
-      keys ? store_->read_keys(l, from, to, a) : store_->read_values(l, from, to, a);
-    });
-    const int rb = fuzz::outcome([&] {
-      keys ? model_.read_keys(l, from, to, b) : model_.read_values(l, from, to, b);
-    });
+    const int ra = fuzz::outcome(
+        [&] { keys ? store_->read_keys(l, from, to, a) : store_->read_values(l, from, to, a); });
+    const int rb = fuzz::outcome(
+        [&] { keys ? model_.read_keys(l, from, to, b) : model_.read_values(l, from, to, b); });
     if (ra != rb) fuzz::diverged("read outcome", std::size_t(ra), std::size_t(rb));
     if (ra == 0)
       fuzz::require(a == b || std::memcmp(a.data(), b.data(), size * sizeof(float)) == 0,
@@ -171,7 +188,8 @@ class differential {
         fuzz::diverged("length", store_->length(l), model_.length(l));
       if (store_->window_start(l) != model_.window_start(l))
         fuzz::diverged("window_start", store_->window_start(l), model_.window_start(l));
-      if (store_->held(l) != model_.held(l)) fuzz::diverged("held", store_->held(l), model_.held(l));
+      if (store_->held(l) != model_.held(l))
+        fuzz::diverged("held", store_->held(l), model_.held(l));
     }
   }
 

@@ -248,7 +248,8 @@ BOOST_AUTO_TEST_CASE(bad_tensor_infos_are_refused_naming_the_tensor_and_its_offs
 
   gguf::writer w2;  // an alignment that is not a power of two
   w2.add_u32("general.alignment", 24);
-  BOOST_TEST(names(refusal(w2.bytes()), "general.alignment", 24 + 8 + 17 + 4, "not a power of two"));
+  BOOST_TEST(
+      names(refusal(w2.bytes()), "general.alignment", 24 + 8 + 17 + 4, "not a power of two"));
 }
 
 BOOST_AUTO_TEST_CASE(every_truncation_of_a_model_file_is_refused_with_an_offset_inside_it) {
@@ -287,8 +288,8 @@ BOOST_AUTO_TEST_CASE(a_model_file_missing_a_tensor_or_with_a_wrong_shape_is_refu
   BOOST_CHECK_EXCEPTION(gguf_run::model::from(gguf::file(reshaped)), gguf::format_error,
                         [](const gguf::format_error& e) {
                           return e.field() == "tensor blk.0.attn_q.weight" &&
-                                 std::string(e.what()).find("has dims {16, 8}, expected {16, 16}") !=
-                                     std::string::npos;
+                                 std::string(e.what()).find(
+                                     "has dims {16, 8}, expected {16, 16}") != std::string::npos;
                         });
   gguf::writer w;
   w.add_string("general.architecture", "llama");
@@ -300,7 +301,8 @@ BOOST_AUTO_TEST_CASE(a_model_file_missing_a_tensor_or_with_a_wrong_shape_is_refu
                         });
 }
 
-BOOST_AUTO_TEST_CASE(the_maker_writes_the_same_bytes_for_the_same_seed_and_other_weights_for_another) {
+BOOST_AUTO_TEST_CASE(
+    the_maker_writes_the_same_bytes_for_the_same_seed_and_other_weights_for_another) {
   for (architecture a : {architecture::granite_swa, architecture::gemma3}) {
     const auto one = small_model(a, 5), again = small_model(a, 5), other = small_model(a, 6);
     BOOST_TEST((one == again));
@@ -310,7 +312,8 @@ BOOST_AUTO_TEST_CASE(the_maker_writes_the_same_bytes_for_the_same_seed_and_other
 }
 
 BOOST_AUTO_TEST_CASE(a_made_model_reads_back_with_the_sizes_pattern_and_weights_it_was_made_with) {
-  for (gguf::tensor_type t : {gguf::tensor_type::f32, gguf::tensor_type::f16, gguf::tensor_type::bf16}) {
+  for (gguf::tensor_type t :
+       {gguf::tensor_type::f32, gguf::tensor_type::f16, gguf::tensor_type::bf16}) {
     gguf_run::model_spec s;
     s.layers = 4;
     s.sliding = {true, false, true, true};
@@ -325,8 +328,8 @@ BOOST_AUTO_TEST_CASE(a_made_model_reads_back_with_the_sizes_pattern_and_weights_
     BOOST_TEST(m.hp.sliding == s.sliding, boost::test_tools::per_element());
     BOOST_TEST(m.layers[3].sinks.size() == s.heads);
     // F16/BF16 weights are the f32 ones rounded: the first row of embeddings within rounding.
-    const auto f32 = gguf_run::model::from(gguf::file(gguf_run::make_model({.layers = 4,
-        .sliding = {true, false, true, true}}).bytes()));
+    const auto f32 = gguf_run::model::from(gguf::file(
+        gguf_run::make_model({.layers = 4, .sliding = {true, false, true, true}}).bytes()));
     for (std::size_t i = 0; i < s.embd; ++i)
       BOOST_TEST(std::abs(m.embd.w[i] - f32.embd.w[i]) <= 4e-3f * std::abs(f32.embd.w[i]));
   }
@@ -344,8 +347,8 @@ BOOST_AUTO_TEST_CASE(every_way_of_feeding_a_prompt_gives_the_same_logits_bit_for
     for (gguf_run::cache_type c : {gguf_run::cache_type::f32, gguf_run::cache_type::bf16,
                                    gguf_run::cache_type::int8, gguf_run::cache_type::turboquant})
       for (std::size_t threads : {1, 2}) {
-        BOOST_TEST_CONTEXT(gguf_run::name_of(a) << ", " << gguf_run::name_of(c) << ", "
-                                               << threads << " threads") {
+        BOOST_TEST_CONTEXT(gguf_run::name_of(a)
+                           << ", " << gguf_run::name_of(c) << ", " << threads << " threads") {
           const auto& tm = parity::models(a)[1];
           const auto m = gguf_run::model::from(gguf::file::read(tm.path));
           const auto tokens = parity::prompt(90, m.hp.vocab, 4);
@@ -363,7 +366,8 @@ BOOST_AUTO_TEST_CASE(every_way_of_feeding_a_prompt_gives_the_same_logits_bit_for
       }
 }
 
-BOOST_AUTO_TEST_CASE(the_runner_refuses_a_bad_token_or_a_prompt_past_its_room_before_any_layer_changes) {
+BOOST_AUTO_TEST_CASE(
+    the_runner_refuses_a_bad_token_or_a_prompt_past_its_room_before_any_layer_changes) {
   const auto& tm = parity::models(architecture::granite_swa)[1];
   const auto m = gguf_run::model::from(gguf::file::read(tm.path));
   const auto tokens = parity::prompt(30, m.hp.vocab, 9);
@@ -374,10 +378,11 @@ BOOST_AUTO_TEST_CASE(the_runner_refuses_a_bad_token_or_a_prompt_past_its_room_be
   std::vector<std::int32_t> bad(tokens.begin() + 10, tokens.begin() + 14);
   bad[2] = static_cast<std::int32_t>(m.hp.vocab);
   std::vector<float> scratch(4 * m.hp.vocab);
-  BOOST_CHECK_EXCEPTION(r.prefill(bad, scratch), std::out_of_range, [&](const std::out_of_range& e) {
-    return std::string(e.what()).find("token id " + std::to_string(m.hp.vocab) +
-                                      " is not below the vocabulary size") != std::string::npos;
-  });
+  BOOST_CHECK_EXCEPTION(
+      r.prefill(bad, scratch), std::out_of_range, [&](const std::out_of_range& e) {
+        return std::string(e.what()).find("token id " + std::to_string(m.hp.vocab) +
+                                          " is not below the vocabulary size") != std::string::npos;
+      });
   std::vector<std::int32_t> too_many(21, 1);
   std::vector<float> more(21 * m.hp.vocab);
   BOOST_CHECK_THROW(r.prefill(too_many, more), std::length_error);

@@ -32,8 +32,8 @@
 #include "llama_reference.hpp"
 #include "parity_support.hpp"
 
-using parity::feed;
 using gguf_run::architecture;
+using parity::feed;
 
 namespace {
 
@@ -71,15 +71,19 @@ double worst_distance(architecture a, feed f, gguf_run::run_options o, const cha
       BOOST_REQUIRE_EQUAL(theirs.size(), ours.size());
       const std::size_t w = m.hp.window, V = m.hp.vocab;
       const double d0 = parity::distance(ours, theirs, V, 0, std::min(w, n));
-      const double d1 = parity::distance(ours, theirs, V, std::min(w, n), std::min<std::size_t>(256, n));
+      const double d1 =
+          parity::distance(ours, theirs, V, std::min(w, n), std::min<std::size_t>(256, n));
       const double d2 = parity::distance(ours, theirs, V, std::min<std::size_t>(256, n), n);
-      std::printf("  %-11s %-28s %3zu tokens, %-19s %-10s max |Δ log p|: [0,%zu) %.2e  "
-                  "[%zu,256) %.2e  [256,end) %.2e\n",
-                  gguf_run::name_of(a), tm.name.c_str(), n, parity::name_of(f), label, w, d0, w,
-                  d1, n > 256 ? d2 : 0.0);
-      for (double d : {d0, d1, d2}) worst = std::isnan(d) || std::isnan(worst) ? NAN : std::max(worst, d);
+      std::printf(
+          "  %-11s %-28s %3zu tokens, %-19s %-10s max |Δ log p|: [0,%zu) %.2e  "
+          "[%zu,256) %.2e  [256,end) %.2e\n",
+          gguf_run::name_of(a), tm.name.c_str(), n, parity::name_of(f), label, w, d0, w, d1,
+          n > 256 ? d2 : 0.0);
+      for (double d : {d0, d1, d2})
+        worst = std::isnan(d) || std::isnan(worst) ? NAN : std::max(worst, d);
       std::size_t close = 0;
-      for (std::size_t p = 0; p < n; ++p) close += parity::distance(ours, theirs, V, p, p + 1) <= granite_tolerance;
+      for (std::size_t p = 0; p < n; ++p)
+        close += parity::distance(ours, theirs, V, p, p + 1) <= granite_tolerance;
       if (close_share != nullptr) *close_share = std::min(*close_share, double(close) / double(n));
     }
   }
@@ -134,7 +138,8 @@ BOOST_AUTO_TEST_CASE(gemma3_logits_match_llama_cpp_at_every_position_prefilled_t
   check_f32(architecture::gemma3, feed::prefill_then_decode);
 }
 
-BOOST_AUTO_TEST_CASE(gemma3_with_the_exact_gelu_stays_within_the_f16_gelu_tables_rounding_of_llama_cpp) {
+BOOST_AUTO_TEST_CASE(
+    gemma3_with_the_exact_gelu_stays_within_the_f16_gelu_tables_rounding_of_llama_cpp) {
   gguf_run::run_options o;
   o.gelu_f16_table = false;
   const double worst = worst_distance(architecture::gemma3, feed::one_chunk, o, "exact GELU");

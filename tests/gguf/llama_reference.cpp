@@ -36,8 +36,8 @@ std::vector<float> logits(const std::string& path, std::span<const std::int32_t>
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.swa_full = false;
   cp.no_perf = true;
-  std::unique_ptr<llama_context, decltype(&llama_free)> ctx(
-      llama_init_from_model(model.get(), cp), &llama_free);
+  std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp),
+                                                            &llama_free);
   if (!ctx) throw std::runtime_error("llama.cpp could not make a context for " + path);
   const std::size_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model.get()));
   if (vocab_out) *vocab_out = vocab;

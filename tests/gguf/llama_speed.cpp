@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
     }
     if (llama_decode(ctx, batch) != 0) return 1;
   }
-  const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double prefill =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto dstart = std::chrono::steady_clock::now();
   for (int g = 0; g < gen; ++g) {
     batch.n_tokens = 1;
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
     batch.logits[0] = 1;
     if (llama_decode(ctx, batch) != 0) return 1;
   }
-  const double decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - dstart).count();
+  const double decode =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - dstart).count();
   std::printf("llama.cpp: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s, %d threads\n",
               n, n / prefill, gen, gen / decode, threads);
   llama_batch_free(batch);

@@ -51,14 +51,16 @@ inline std::vector<test_model>& models(architecture a) {
   };
   // granite: per-layer pattern; gemma3: every period-th layer global.
   list.push_back({"2 layers, GQA 4:1, window 4", spec(2, 4, 1, 16, 4, {true, false}, 2, 11), ""});
-  list.push_back({"3 layers, MHA 4, window 13", spec(3, 4, 4, 16, 13, {true, true, false}, 3, 12), ""});
-  list.push_back({"4 layers, GQA 8:2, window 32",
-                  spec(4, 8, 2, 8, 32, {true, false, true, true}, 2, 13), ""});
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("ringkv_gguf_" + std::to_string(::getpid()));
+  list.push_back(
+      {"3 layers, MHA 4, window 13", spec(3, 4, 4, 16, 13, {true, true, false}, 3, 12), ""});
+  list.push_back(
+      {"4 layers, GQA 8:2, window 32", spec(4, 8, 2, 8, 32, {true, false, true, true}, 2, 13), ""});
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ringkv_gguf_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   for (std::size_t i = 0; i < list.size(); ++i) {
-    list[i].path = (dir / (std::string(gguf_run::name_of(a)) + "_" + std::to_string(i) + ".gguf")).string();
+    list[i].path =
+        (dir / (std::string(gguf_run::name_of(a)) + "_" + std::to_string(i) + ".gguf")).string();
     gguf_run::make_model(list[i].spec).write(list[i].path);
   }
   return list;
@@ -80,10 +82,14 @@ enum class feed { one_chunk, uneven_chunks, token_by_token, prefill_then_decode 
 
 inline const char* name_of(feed f) {
   switch (f) {
-    case feed::one_chunk: return "one chunk";
-    case feed::uneven_chunks: return "uneven chunks";
-    case feed::token_by_token: return "token by token";
-    case feed::prefill_then_decode: return "prefill then decode";
+    case feed::one_chunk:
+      return "one chunk";
+    case feed::uneven_chunks:
+      return "uneven chunks";
+    case feed::token_by_token:
+      return "token by token";
+    case feed::prefill_then_decode:
+      return "prefill then decode";
   }
   return "?";
 }

@@ -28,10 +28,18 @@ void* operator new[](std::size_t n) { return allocate(n, 0); }
 void* operator new(std::size_t n, std::align_val_t a) { return allocate(n, std::size_t(a)); }
 void* operator new[](std::size_t n, std::align_val_t a) { return allocate(n, std::size_t(a)); }
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try { return allocate(n, 0); } catch (const std::bad_alloc&) { return nullptr; }
+  try {
+    return allocate(n, 0);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
 }
 void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try { return allocate(n, 0); } catch (const std::bad_alloc&) { return nullptr; }
+  try {
+    return allocate(n, 0);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }

@@ -23,7 +23,8 @@ class deque_store final : public ringkv::kv_cache_store {
     layer_rows& L = at(l);
     if (k.size() != c_.row_floats() || v.size() != c_.row_floats())
       throw std::invalid_argument("deque_store: row size");
-    if (!o_.sliding_window && L.length == c_.capacity) throw ringkv::cache_full("deque_store: full");
+    if (!o_.sliding_window && L.length == c_.capacity)
+      throw ringkv::cache_full("deque_store: full");
     row r{L.length, {k.begin(), k.end()}, {v.begin(), v.end()}};
     if (r.position < o_.keep) {
       L.pinned.push_back(std::move(r));
@@ -97,7 +98,8 @@ class deque_store final : public ringkv::kv_cache_store {
     if (from > to || to > at(l).length) throw std::out_of_range("deque_store: range");
     for (std::size_t p = from; p < to; ++p)
       if (find(l, p) == nullptr) throw std::out_of_range("deque_store: not held");
-    if (out.size() != c_.row_floats() * (to - from)) throw std::invalid_argument("deque_store: out");
+    if (out.size() != c_.row_floats() * (to - from))
+      throw std::invalid_argument("deque_store: out");
     const std::size_t d = c_.head_dim, n = to - from;
     for (std::size_t p = from; p < to; ++p) {
       const row& r = *find(l, p);
