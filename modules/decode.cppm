@@ -63,6 +63,7 @@ class layer_decoder {
   /// small slab (traced); O(1).
   layer_decoder(kv_cache_store& store, std::size_t layer, decode_options options = {},
                 trace::sink& sink = trace::null_sink());
+  /// Moves the references and the arena (a model keeps one decoder a layer in a vector); O(1).
   layer_decoder(layer_decoder&&) = default;
 
   /// Appends t.k, t.v at the next position of the layer (overwriting the oldest of a full ring)
@@ -73,8 +74,9 @@ class layer_decoder {
   /// arena for the full window then).
   void step(const token_qkv& t, std::span<float> out);
 
-  /// The store and layer it appends to; O(1).
+  /// The store it appends to; O(1).
   kv_cache_store& store() const noexcept { return *store_; }
+  /// The layer of the store it appends to; O(1).
   std::size_t layer() const noexcept { return layer_; }
   /// The effective window (options.window, or capacity - slack); O(1).
   std::size_t window() const noexcept { return window_; }
