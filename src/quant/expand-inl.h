@@ -48,6 +48,25 @@ constexpr std::size_t TableVectors(std::size_t entries) {
   return (entries + hn::MaxLanes(DF()) - 1) / hn::MaxLanes(DF());
 }
 
+// On 16-lane x86 targets a table of 16 levels is one permute, which reads only the low four
+// bits of each index: indices may keep the bits above their code (no mask), the codebooks of
+// fewer levels repeated to 16 entries (lane_levels).
+#undef RINGKV_PERMUTE_LOW_BITS
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define RINGKV_PERMUTE_LOW_BITS 1
+#endif
+
+/// levels[idx mod 2^Bits] per lane, `levels` the codebook repeated to 16 entries.
+template <unsigned Bits>
+HWY_INLINE VF LookupLevels(DF d, const float* levels, hn::Vec<DU32> idx) {
+#ifdef RINGKV_PERMUTE_LOW_BITS
+  return hn::TableLookupLanes(hn::Load(d, levels), hn::Indices512<float>{idx.raw});
+#else
+  return Lookup<TableVectors(std::size_t{1} << Bits)>(
+      d, levels, hn::And(idx, hn::Set(DU32(), (1u << Bits) - 1)));
+#endif
+}
+
 /// N codes of a chunk's N bytes, one a 32-bit lane.
 HWY_INLINE hn::Vec<DU32> WidenBytes(const std::uint8_t* p) {
   return hn::PromoteTo(DU32(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), p));
@@ -69,8 +88,8 @@ struct nibble_rows {
   static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
     const DF d;
     const auto x = WidenBytes(p);
-    out[0] = Lookup<TableVectors(16)>(d, levels, hn::And(x, hn::Set(DU32(), 15)));
-    out[1] = Lookup<TableVectors(16)>(d, levels, hn::ShiftRight<4>(x));
+    out[0] = LookupLevels<4>(d, levels, x);
+    out[1] = LookupLevels<4>(d, levels, hn::ShiftRight<4>(x));
   }
 };
 
@@ -85,42 +104,44 @@ struct crumb_rows {
   }
   static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
     const DF d;
-    const auto x = WidenBytes(p), three = hn::Set(DU32(), 3);
-    out[0] = Lookup<TableVectors(4)>(d, levels, hn::And(x, three));
-    out[1] = Lookup<TableVectors(4)>(d, levels, hn::And(hn::ShiftRight<2>(x), three));
-    out[2] = Lookup<TableVectors(4)>(d, levels, hn::And(hn::ShiftRight<4>(x), three));
-    out[3] = Lookup<TableVectors(4)>(d, levels, hn::ShiftRight<6>(x));
+    const auto x = WidenBytes(p);
+    out[0] = LookupLevels<2>(d, levels, x);
+    out[1] = LookupLevels<2>(d, levels, hn::ShiftRight<2>(x));
+    out[2] = LookupLevels<2>(d, levels, hn::ShiftRight<4>(x));
+    out[3] = LookupLevels<2>(d, levels, hn::ShiftRight<6>(x));
   }
 };
 
-/// 3-bit codes, an LSB-first stream: a chunk is max(N, 8) coordinates in order (3 or 6 bytes),
-/// each lane's code shifted out of the chunk's word (in 64-bit lanes where it takes 48 bits).
+/// 3-bit codes, an LSB-first stream: a chunk is 32 coordinates in order (12 bytes). Its bytes are
+/// broadcast to every 128-bit block; a byte shuffle puts under each coordinate's lane the two
+/// bytes its bits span, a shift by lane brings them down. Reads 16 bytes: the store keeps
+/// value_code_padding bytes after its last row.
 struct triple_rows {
-  static constexpr std::size_t lanes = hn::MaxLanes(DF());
-  static constexpr std::size_t vectors = lanes >= 8 ? 1 : 8 / lanes;
-  static std::size_t coords() { return vectors * hn::Lanes(DF()); }
-  static std::size_t bytes() { return 3 * coords() / 8; }
+  static constexpr std::size_t vectors = 32 / hn::MaxLanes(DF());
+  static std::size_t coords() { return 32; }
+  static std::size_t bytes() { return 12; }
   static std::size_t coordinate(std::size_t e) { return e; }
   static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    // Per coordinate i of the chunk: the bytes 3i / 8 and the next (then any two), the shift 3i % 8.
+    HWY_ALIGN static constexpr std::uint8_t pattern[128] = {
+        0,  1,  1,  1,  0,  1,  1,  1,  0,  1,  1,  1,  1,  2,  2,  2,  1,  2,  2,  2,  1,  2,
+        2,  2,  2,  3,  3,  3,  2,  3,  3,  3,  3,  4,  4,  4,  3,  4,  4,  4,  3,  4,  4,  4,
+        4,  5,  5,  5,  4,  5,  5,  5,  4,  5,  5,  5,  5,  6,  6,  6,  5,  6,  6,  6,  6,  7,
+        7,  7,  6,  7,  7,  7,  6,  7,  7,  7,  7,  8,  8,  8,  7,  8,  8,  8,  7,  8,  8,  8,
+        8,  9,  9,  9,  8,  9,  9,  9,  9,  10, 10, 10, 9,  10, 10, 10, 9,  10, 10, 10, 10, 11,
+        11, 11, 10, 11, 11, 11, 10, 11, 11, 11, 11, 12, 12, 12, 11, 12, 12, 12};
+    HWY_ALIGN static constexpr std::uint32_t shifts[32] = {0, 3, 6, 1, 4, 7, 2, 5, 0, 3, 6,
+                                                           1, 4, 7, 2, 5, 0, 3, 6, 1, 4, 7,
+                                                           2, 5, 0, 3, 6, 1, 4, 7, 2, 5};
     const DF d;
     const DU32 du;
-    std::uint64_t word = 0;
-    std::memcpy(&word, p, 3 * vectors * lanes / 8);  // LSB-first stream, little-endian
-    if constexpr (lanes > 8) {
-      const hn::Repartition<std::uint64_t, DF> d64;
-      const auto shifts = hn::Mul(hn::Iota(d64, 0), hn::Set(d64, 3));
-      const auto seven = hn::Set(d64, 7), w = hn::Set(d64, word);
-      const auto upper = hn::Add(shifts, hn::Set(d64, 3 * hn::Lanes(d64)));
-      out[0] = Lookup<TableVectors(8)>(
-          d, levels,
-          hn::ConcatEven(du, hn::BitCast(du, hn::And(hn::Shr(w, upper), seven)),
-                         hn::BitCast(du, hn::And(hn::Shr(w, shifts), seven))));
-    } else {
-      const auto shifts = hn::Mul(hn::Iota(du, 0), hn::Set(du, 3)), seven = hn::Set(du, 7);
-      for (std::size_t v = 0; v < vectors; ++v) {
-        const auto w = hn::Set(du, std::uint32_t(word >> (3 * lanes * v)));
-        out[v] = Lookup<TableVectors(8)>(d, levels, hn::And(hn::Shr(w, shifts), seven));
-      }
+    const hn::Repartition<std::uint8_t, DF> d8;
+    const std::size_t N = hn::Lanes(d);
+    const auto bytes = hn::LoadDup128(d8, p);
+    for (std::size_t v = 0; v < vectors; ++v) {
+      const auto pair = hn::TableLookupBytes(bytes, hn::Load(d8, pattern + 4 * N * v));
+      out[v] =
+          LookupLevels<3>(d, levels, hn::Shr(hn::BitCast(du, pair), hn::Load(du, shifts + N * v)));
     }
   }
 };
@@ -133,7 +154,8 @@ struct int8_rows {
   static std::size_t coordinate(std::size_t e) { return e; }
   static HWY_INLINE void expand(const std::uint8_t* p, const float*, VF* out) {
     const hn::Rebind<std::int8_t, DF> d8;
-    out[0] = hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(p))));
+    out[0] = hn::ConvertTo(
+        DF(), hn::PromoteTo(DI(), hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(p))));
   }
 };
 
@@ -250,7 +272,8 @@ constexpr std::size_t SliceChunks() {
 template <class Kind, std::size_t Heads>
 HWY_INLINE void AccumulateRowsOf(const std::byte* const* rows, std::size_t n, const float* w,
                                  std::size_t w_stride, const float* rescale, float* acc,
-                                 std::size_t padded, const row_chunks& chunks, const float* levels) {
+                                 std::size_t padded, const row_chunks& chunks,
+                                 const float* levels) {
   switch (RowChains<Kind>(chunks.count)) {
     case 1:
       return AccumulateChains<Kind, Heads, 1, SliceChunks<Kind, Heads, 1>()>(
@@ -288,8 +311,8 @@ HWY_INLINE void AccumulateRows(std::size_t heads, const std::byte* const* rows, 
 /// out[h · out_stride + j].
 template <std::size_t Heads>
 HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, std::size_t n,
-                            const float* q, std::size_t q_stride, const row_chunks& chunks, float* out,
-                            std::size_t out_stride) {
+                            const float* q, std::size_t q_stride, const row_chunks& chunks,
+                            float* out, std::size_t out_stride) {
   const DF d;
   const std::size_t N = hn::Lanes(d);
   HWY_ALIGN float sums[4];
@@ -301,7 +324,8 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
       for (std::size_t h = 0; h < Heads; ++h) a[k][h] = hn::Zero(d);
     for (std::size_t c = 0; c < chunks.count; ++c) {
       VF x[4];
-      for (std::size_t k = 0; k < 4; ++k) int8_rows::expand(chunks.at(rows, r[k], c), nullptr, x + k);
+      for (std::size_t k = 0; k < 4; ++k)
+        int8_rows::expand(chunks.at(rows, r[k], c), nullptr, x + k);
       for (std::size_t h = 0; h < Heads; ++h) {
         const VF qv = hn::Load(d, q + h * q_stride + c * N);
         for (std::size_t k = 0; k < 4; ++k) a[k][h] = hn::MulAdd(qv, x[k], a[k][h]);
@@ -317,8 +341,8 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
 
 /// ScoreInt8Of for 1 to 4 heads.
 HWY_INLINE void ScoreInt8(std::size_t heads, const std::byte* const* rows, const float* scales,
-                          std::size_t n, const float* q, std::size_t q_stride, const row_chunks& chunks,
-                          float* out, std::size_t out_stride) {
+                          std::size_t n, const float* q, std::size_t q_stride,
+                          const row_chunks& chunks, float* out, std::size_t out_stride) {
   switch (heads) {
     case 1:
       return ScoreInt8Of<1>(rows, scales, n, q, q_stride, chunks, out, out_stride);

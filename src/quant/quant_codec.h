@@ -75,6 +75,10 @@ rows_run run_of(const View& v, std::size_t first) noexcept {
 /// Slots in a group.
 inline constexpr std::size_t group_slots = 32;
 
+/// Bytes a TurboQuant store keeps after its value codes' last row: the kernels' loads of 3-bit
+/// rows read up to 4 bytes past a row (a chunk of 12 bytes as a 16-byte vector).
+inline constexpr std::size_t value_code_padding = 16;
+
 /// Units of one plane of a group of `bits`-bit codes of `d` coordinates (a multiple of 4).
 inline std::size_t group_units(std::size_t d, unsigned bits) noexcept {
   const std::size_t per_unit = bits == 3 ? 4 : 4 / bits;

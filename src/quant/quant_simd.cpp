@@ -35,10 +35,12 @@ inline constexpr std::size_t max_padded = max_dim + 4 * hn::MaxLanes(DF());
 // 1- and 2-bit fewer), rounded up to whole units of 4.
 inline constexpr std::size_t max_table_bytes = 16 * (max_dim + 16);
 
-/// A codebook of up to 16 levels as whole vectors (zero-padded).
+/// A codebook of 2^bits levels repeated to 16 entries, as whole vectors (see LookupLevels).
 struct lane_table {
   HWY_ALIGN float levels[16 + hn::MaxLanes(DF())] = {};
-  void set(const float* values, std::size_t count) { std::copy(values, values + count, levels); }
+  void set(const float* values, unsigned bits) {
+    for (std::size_t e = 0; e < 16; ++e) levels[e] = values[e % (std::size_t{1} << bits)];
+  }
 };
 
 /// The window's positions only (no rows): what the block and segment walks need.
@@ -297,7 +299,7 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   chunk_work w;
   const codec::rows_format &kf = cp.keys.format, &vf = cp.values.format;
   const std::size_t d = cp.head_dim, group = cp.q_heads / cp.kv_heads;
-  if (!vf.int8) w.values.set(vf.centroids, std::size_t{1} << vf.bits);
+  if (!vf.int8) w.values.set(vf.centroids, vf.bits);
   const std::size_t padded = ValueChunks(vf, d, w.value_chunks);
   if (kf.int8) w.key_chunks.set<int8_rows>(d, kf.code_bytes);
   const window positions = PositionsOf(cp.keys);

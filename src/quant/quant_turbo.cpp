@@ -73,7 +73,8 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
         fill_gaussian(s.projections.as<float>().subspan(h * d * d, d * d),
                       mix(quant_.seed, l, h, 2));
     }
-    s.values.codes = storage(c.kv_heads * head_code_bytes(d, value_book_->bits, slots, false),
+    s.values.codes = storage(c.kv_heads * head_code_bytes(d, value_book_->bits, slots, false) +
+                                 codec::value_code_padding,
                              "turboquant-value-codes", sink);
     s.values.scales = storage(rows * sizeof(float), "turboquant-value-norms", sink);
     const std::size_t rf = rotation_floats(d);

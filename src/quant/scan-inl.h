@@ -163,7 +163,8 @@ HWY_INLINE hn::Vec<D8> TripleIndex(hn::Vec<D8> pair, hn::Vec<D8> high_bits, int 
   const D8 d8;
   const D16 d16;
   const auto h16 = hn::BitCast(d16, high_bits);
-  const auto moved = high >= 2 ? hn::ShiftRightSame(h16, high - 2) : hn::ShiftLeftSame(h16, 2 - high);
+  const auto moved =
+      high >= 2 ? hn::ShiftRightSame(h16, high - 2) : hn::ShiftLeftSame(h16, 2 - high);
   const auto l = hn::BitCast(d8, hn::ShiftRightSame(hn::BitCast(d16, pair), low));
   return hn::OrAnd(hn::And(hn::BitCast(d8, moved), hn::Set(d8, 4)), l, hn::Set(d8, 3));
 }

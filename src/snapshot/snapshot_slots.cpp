@@ -320,7 +320,8 @@ std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in
     const std::vector<plane_ref> planes = planes_of(h.kind, *store, l);
     const std::vector<slot_span> runs = held_runs(slots, l);
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (planes[i].buffer->bytes() != plane_bytes(planes[i], specs[i], c.kv_heads, c.head_dim))
+      // At least the rows (TurboQuant's value codes keep a few bytes more after them).
+      if (planes[i].buffer->bytes() < plane_bytes(planes[i], specs[i], c.kv_heads, c.head_dim))
         throw std::logic_error("ringkv::load: snapshot plane layout disagrees with the store's");
       for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
         for (const slot_span& r : runs)
