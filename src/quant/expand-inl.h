@@ -79,8 +79,8 @@ HWY_INLINE hn::Vec<DU32> WidenBytes(const std::uint8_t* p) {
 /// 4-bit codes, two a byte: a chunk of N bytes is 2N coordinates, its even ones then its odd.
 struct nibble_rows {
   static constexpr std::size_t vectors = 2;
-  static std::size_t coords() { return 2 * hn::Lanes(DF()); }
-  static std::size_t bytes() { return hn::Lanes(DF()); }
+  static constexpr std::size_t coords() { return 2 * hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
   static std::size_t coordinate(std::size_t e) {
     const std::size_t N = hn::Lanes(DF()), r = e % (2 * N);
     return e - r + 2 * (r % N) + r / N;
@@ -96,8 +96,8 @@ struct nibble_rows {
 /// 2-bit codes, four a byte: a chunk of N bytes is 4N coordinates, by their position in a byte.
 struct crumb_rows {
   static constexpr std::size_t vectors = 4;
-  static std::size_t coords() { return 4 * hn::Lanes(DF()); }
-  static std::size_t bytes() { return hn::Lanes(DF()); }
+  static constexpr std::size_t coords() { return 4 * hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
   static std::size_t coordinate(std::size_t e) {
     const std::size_t N = hn::Lanes(DF()), r = e % (4 * N);
     return e - r + 4 * (r % N) + r / N;
@@ -112,36 +112,40 @@ struct crumb_rows {
   }
 };
 
-/// 3-bit codes, an LSB-first stream: a chunk is 32 coordinates in order (12 bytes). Its bytes are
-/// broadcast to every 128-bit block; a byte shuffle puts under each coordinate's lane the two
-/// bytes its bits span, a shift by lane brings them down. Reads 16 bytes: the store keeps
-/// value_code_padding bytes after its last row.
+/// The 32 bits at p (little-endian).
+HWY_INLINE std::uint32_t Word32(const std::uint8_t* p) {
+  std::uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+/// 3-bit codes, an LSB-first stream: a chunk is 16 coordinates in order (6 bytes). A lane takes
+/// its code out of a 32-bit word of the chunk holding it whole, broadcast (16 lanes: the words
+/// at bytes 0 and 2, one for each half), and shifted by lane: no shuffle but the codebook's.
+/// Targets of 8 lanes or fewer read up to 2 bytes past the chunk (the store keeps
+/// value_code_padding bytes after its last row).
 struct triple_rows {
-  static constexpr std::size_t vectors = 32 / hn::MaxLanes(DF());
-  static std::size_t coords() { return 32; }
-  static std::size_t bytes() { return 12; }
+  static constexpr std::size_t lanes = hn::MaxLanes(DF());
+  static constexpr std::size_t vectors = lanes >= 16 ? 1 : 16 / lanes;
+  static constexpr std::size_t coords() { return 16; }
+  static constexpr std::size_t bytes() { return 6; }
   static std::size_t coordinate(std::size_t e) { return e; }
   static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
-    // Per coordinate i of the chunk: the bytes 3i / 8 and the next (then any two), the shift 3i % 8.
-    HWY_ALIGN static constexpr std::uint8_t pattern[128] = {
-        0,  1,  1,  1,  0,  1,  1,  1,  0,  1,  1,  1,  1,  2,  2,  2,  1,  2,  2,  2,  1,  2,
-        2,  2,  2,  3,  3,  3,  2,  3,  3,  3,  3,  4,  4,  4,  3,  4,  4,  4,  3,  4,  4,  4,
-        4,  5,  5,  5,  4,  5,  5,  5,  4,  5,  5,  5,  5,  6,  6,  6,  5,  6,  6,  6,  6,  7,
-        7,  7,  6,  7,  7,  7,  6,  7,  7,  7,  7,  8,  8,  8,  7,  8,  8,  8,  7,  8,  8,  8,
-        8,  9,  9,  9,  8,  9,  9,  9,  9,  10, 10, 10, 9,  10, 10, 10, 9,  10, 10, 10, 10, 11,
-        11, 11, 10, 11, 11, 11, 10, 11, 11, 11, 11, 12, 12, 12, 11, 12, 12, 12};
-    HWY_ALIGN static constexpr std::uint32_t shifts[32] = {0, 3, 6, 1, 4, 7, 2, 5, 0, 3, 6,
-                                                           1, 4, 7, 2, 5, 0, 3, 6, 1, 4, 7,
-                                                           2, 5, 0, 3, 6, 1, 4, 7, 2, 5};
     const DF d;
     const DU32 du;
-    const hn::Repartition<std::uint8_t, DF> d8;
-    const std::size_t N = hn::Lanes(d);
-    const auto bytes = hn::LoadDup128(d8, p);
-    for (std::size_t v = 0; v < vectors; ++v) {
-      const auto pair = hn::TableLookupBytes(bytes, hn::Load(d8, pattern + 4 * N * v));
-      out[v] =
-          LookupLevels<3>(d, levels, hn::Shr(hn::BitCast(du, pair), hn::Load(du, shifts + N * v)));
+    const auto iota = hn::Mul(hn::Iota(du, 0), hn::Set(du, 3));
+    if constexpr (lanes >= 16) {
+      // lanes 0-7: bits 3k of the word at byte 0; lanes 8-15: bits 3k - 16 of the one at byte 2
+      const auto second = hn::Not(hn::FirstN(du, 8));
+      const auto shifts = hn::IfThenElse(second, hn::Sub(iota, hn::Set(du, 16)), iota);
+      const auto words = hn::IfThenElse(second, hn::Set(du, Word32(p + 2)), hn::Set(du, Word32(p)));
+      out[0] = LookupLevels<3>(d, levels, hn::Shr(words, shifts));
+    } else {
+      for (std::size_t v = 0; v < vectors; ++v) {
+        const std::size_t first = 3 * v * lanes, byte = first / 8;
+        const auto shifts = hn::Add(iota, hn::Set(du, std::uint32_t(first - 8 * byte)));
+        out[v] = LookupLevels<3>(d, levels, hn::Shr(hn::Set(du, Word32(p + byte)), shifts));
+      }
     }
   }
 };
@@ -149,8 +153,8 @@ struct triple_rows {
 /// int8 codes: a chunk of N bytes is N coordinates in order, converted exactly.
 struct int8_rows {
   static constexpr std::size_t vectors = 1;
-  static std::size_t coords() { return hn::Lanes(DF()); }
-  static std::size_t bytes() { return hn::Lanes(DF()); }
+  static constexpr std::size_t coords() { return hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
   static std::size_t coordinate(std::size_t e) { return e; }
   static HWY_INLINE void expand(const std::uint8_t* p, const float*, VF* out) {
     const hn::Rebind<std::int8_t, DF> d8;
@@ -182,12 +186,38 @@ struct row_chunks {
     for (std::size_t j = 0; j < n; ++j)
       std::memcpy(tails[j], rows[j] + partial * chunk_bytes, row_bytes - partial * chunk_bytes);
   }
-  HWY_INLINE const std::uint8_t* at(const std::byte* const* rows, std::size_t j,
-                                    std::size_t c) const {
-    return c == partial ? tails[j]
-                        : reinterpret_cast<const std::uint8_t*>(rows[j]) + c * chunk_bytes;
+  /// Chunk c of row j (at `row`) of `Kind`.
+  template <class Kind>
+  HWY_INLINE const std::uint8_t* at(const std::byte* row, std::size_t j, std::size_t c) const {
+    return c == partial ? tails[j] : reinterpret_cast<const std::uint8_t*>(row) + c * Kind::bytes();
   }
 };
+
+/// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j (expansion order) for `Heads` heads
+/// (weights w + h · w_stride, accumulators acc + h · padded) over chunks [c0, c0 + Chunks): per
+/// element `Chains` chains in registers from zero, chain k over the rows j ≡ k (mod Chains), added
+/// pairwise in a fixed order, then one fused fold. The rows are a block's window positions, so
+/// neither the ring's phase nor a split changes the sum.
+/// a[h][·] += w[h · w_stride + j] · row j's chunks [c0, c0 + Chunks) for `Heads` heads (an
+/// always-inlined function, not a lambda: a lambda's captures kept a[] in memory).
+template <class Kind, std::size_t Heads, std::size_t Chunks>
+HWY_INLINE void AccumulateRow(VF (&a)[Heads][Kind::vectors * Chunks], const std::byte* const* rows,
+                              std::size_t j, const float* w, std::size_t w_stride, std::size_t c0,
+                              const row_chunks& chunks, const float* levels) {
+  const DF d;
+  VF wh[Heads];
+  for (std::size_t h = 0; h < Heads; ++h) wh[h] = hn::Set(d, w[h * w_stride + j]);
+  const std::byte* row = rows[j];
+  // Each chunk used at once: few vectors live.
+  HWY_UNROLL(8)
+  for (std::size_t c = 0; c < Chunks; ++c) {
+    VF e[Kind::vectors];
+    Kind::expand(chunks.at<Kind>(row, j, c0 + c), levels, e);
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t v = 0; v < Kind::vectors; ++v)
+        a[h][c * Kind::vectors + v] = hn::MulAdd(wh[h], e[v], a[h][c * Kind::vectors + v]);
+  }
+}
 
 /// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j (expansion order) for `Heads` heads
 /// (weights w + h · w_stride, accumulators acc + h · padded) over chunks [c0, c0 + Chunks): per
@@ -206,20 +236,13 @@ HWY_INLINE void AccumulateSlice(const std::byte* const* rows, std::size_t n, con
   for (std::size_t k = 0; k < Chains; ++k)
     for (std::size_t h = 0; h < Heads; ++h)
       for (std::size_t v = 0; v < V; ++v) a[k][h][v] = hn::Zero(d);
-  const auto step = [&](std::size_t k, std::size_t j) {
-    VF e[V];
-    for (std::size_t c = 0; c < Chunks; ++c)
-      Kind::expand(chunks.at(rows, j, c0 + c), levels, e + c * Kind::vectors);
-    for (std::size_t h = 0; h < Heads; ++h) {
-      const VF wh = hn::Set(d, w[h * w_stride + j]);
-      for (std::size_t v = 0; v < V; ++v) a[k][h][v] = hn::MulAdd(wh, e[v], a[k][h][v]);
-    }
-  };
   std::size_t j = 0;
   for (; j + Chains <= n; j += Chains)
-    for (std::size_t k = 0; k < Chains; ++k) step(k, j + k);
-  for (std::size_t k = 0; k < Chains; ++k)  // k a constant once unrolled: a[] stays in registers
-    if (j + k < n) step(k, j + k);
+    for (std::size_t k = 0; k < Chains; ++k)
+      AccumulateRow<Kind, Heads, Chunks>(a[k], rows, j + k, w, w_stride, c0, chunks, levels);
+  for (std::size_t k = 0; k < Chains; ++k)  // k a constant once unrolled
+    if (j + k < n)
+      AccumulateRow<Kind, Heads, Chunks>(a[k], rows, j + k, w, w_stride, c0, chunks, levels);
   for (std::size_t width = Chains / 2; width > 0; width /= 2)
     for (std::size_t k = 0; k < width; ++k)
       for (std::size_t h = 0; h < Heads; ++h)
@@ -325,7 +348,7 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
     for (std::size_t c = 0; c < chunks.count; ++c) {
       VF x[4];
       for (std::size_t k = 0; k < 4; ++k)
-        int8_rows::expand(chunks.at(rows, r[k], c), nullptr, x + k);
+        int8_rows::expand(chunks.at<int8_rows>(rows[r[k]], r[k], c), nullptr, x + k);
       for (std::size_t h = 0; h < Heads; ++h) {
         const VF qv = hn::Load(d, q + h * q_stride + c * N);
         for (std::size_t k = 0; k < 4; ++k) a[k][h] = hn::MulAdd(qv, x[k], a[k][h]);

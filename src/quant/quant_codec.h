@@ -76,7 +76,7 @@ rows_run run_of(const View& v, std::size_t first) noexcept {
 inline constexpr std::size_t group_slots = 32;
 
 /// Bytes a TurboQuant store keeps after its value codes' last row: the kernels' loads of 3-bit
-/// rows read up to 4 bytes past a row (a chunk of 12 bytes as a 16-byte vector).
+/// rows read up to 2 bytes past a row (32-bit words of a 6-byte chunk).
 inline constexpr std::size_t value_code_padding = 16;
 
 /// Units of one plane of a group of `bits`-bit codes of `d` coordinates (a multiple of 4).
