@@ -163,19 +163,41 @@ struct int8_rows {
   }
 };
 
+// Independent multiply-adds a head's row keeps in flight (two pipes × four cycles of latency):
+// with one query head per kv head, rows of fewer vectors are summed in more chains (RowChains);
+// a GQA group's heads are chains enough.
+inline constexpr std::size_t row_accumulators = 8;
+// Accumulators a slice of V chunks keeps in registers (two thirds of them on 32-register targets).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t slice_accumulators = 16;
+#else
+inline constexpr std::size_t slice_accumulators = 8;
+#endif
+
+/// Chains a head's sums of `Kind` rows of `chunks` chunks take in a step whose query heads share
+/// each kv head `group` at a time: with GQA one, else as many as fill row_accumulators, up to 4.
+/// Decided by the step's shape alone, never by the heads a call takes.
+template <class Kind>
+HWY_INLINE std::size_t RowChains(std::size_t chunks, std::size_t group) {
+  const std::size_t vectors = chunks * Kind::vectors;
+  if (group > 1 || vectors >= row_accumulators) return 1;
+  return vectors * 2 >= row_accumulators ? 2 : 4;
+}
+
 /// A row's chunks: chunk c of a row starts c · bytes() in, except that the last one, when the
 /// row ends inside it, is read from a zero-padded copy of the row's tail (made for a block's rows
 /// by copy_tails, before the loops that read them: no call inside those).
 struct row_chunks {
   static constexpr std::size_t max_rows = max_block_positions;
-  std::size_t count = 0, row_bytes = 0, chunk_bytes = 0;
+  std::size_t count = 0, row_bytes = 0, chunk_bytes = 0, chains = 1;
   std::size_t partial = ~std::size_t{0};  // index of a chunk the row ends inside, if any
   static constexpr std::size_t max_chunk_bytes = 16;  // a chunk is at most a 16-lane vector's
   static_assert(hn::MaxLanes(DF()) <= max_chunk_bytes, "a chunk's bytes fit a tail");
   HWY_ALIGN std::uint8_t tails[max_rows][max_chunk_bytes] = {};  // zero past each row's end
   template <class Kind>
-  void set(std::size_t d, std::size_t row) {
+  void set(std::size_t d, std::size_t row, std::size_t group) {
     count = (d + Kind::coords() - 1) / Kind::coords();
+    chains = RowChains<Kind>(count, group);
     row_bytes = row;
     chunk_bytes = Kind::bytes();
     partial = count * chunk_bytes > row ? count - 1 : ~std::size_t{0};
@@ -255,18 +277,6 @@ HWY_INLINE void AccumulateSlice(const std::byte* const* rows, std::size_t n, con
   }
 }
 
-// Independent multiply-adds a head's row keeps in flight (two pipes × four cycles of latency):
-// rows of fewer vectors are summed in more chains (row_chains).
-inline constexpr std::size_t row_accumulators = 8;
-
-/// Chains a head's sums of `Kind` rows of `chunks` chunks take: as many as fill
-/// row_accumulators, up to 4. Decided by the row alone, never by the heads a call takes.
-template <class Kind>
-HWY_INLINE std::size_t RowChains(std::size_t chunks) {
-  const std::size_t vectors = chunks * Kind::vectors;
-  return vectors >= row_accumulators ? 1 : vectors * 2 >= row_accumulators ? 2 : 4;
-}
-
 /// AccumulateSlice over chunks [c, chunks.count) in `Chains` chains, in slices of Width chunks
 /// while they fit, then of Width / 2, …, 1.
 template <class Kind, std::size_t Heads, std::size_t Chains, std::size_t Width>
@@ -282,12 +292,12 @@ HWY_INLINE void AccumulateChains(const std::byte* const* rows, std::size_t n, co
                                                      chunks, levels, c);
 }
 
-/// The widest slice: as many chunks as keep a slice's accumulators within two sets of
-/// row_accumulators (a power of two).
+/// The widest slice: as many chunks as keep a slice's accumulators within slice_accumulators
+/// (a power of two).
 template <class Kind, std::size_t Heads, std::size_t Chains>
 constexpr std::size_t SliceChunks() {
   std::size_t width = 1;
-  while (2 * width * Kind::vectors * Heads * Chains <= 2 * row_accumulators) width *= 2;
+  while (2 * width * Kind::vectors * Heads * Chains <= slice_accumulators) width *= 2;
   return width;
 }
 
@@ -297,7 +307,7 @@ HWY_INLINE void AccumulateRowsOf(const std::byte* const* rows, std::size_t n, co
                                  std::size_t w_stride, const float* rescale, float* acc,
                                  std::size_t padded, const row_chunks& chunks,
                                  const float* levels) {
-  switch (RowChains<Kind>(chunks.count)) {
+  switch (chunks.chains) {
     case 1:
       return AccumulateChains<Kind, Heads, 1, SliceChunks<Kind, Heads, 1>()>(
           rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);

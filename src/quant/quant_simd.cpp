@@ -277,20 +277,22 @@ HWY_INLINE std::size_t ValueCoordinate(const codec::rows_format& f, std::size_t 
 
 /// Chunks of the values' row kind and their coordinates (the padded accumulator rows).
 template <class Kind>
-HWY_INLINE std::size_t SetChunks(row_chunks& c, std::size_t d, std::size_t row_bytes) {
-  c.set<Kind>(d, row_bytes);
+HWY_INLINE std::size_t SetChunks(row_chunks& c, std::size_t d, std::size_t row_bytes,
+                                 std::size_t group) {
+  c.set<Kind>(d, row_bytes, group);
   return c.count * Kind::coords();
 }
 
-HWY_INLINE std::size_t ValueChunks(const codec::rows_format& f, std::size_t d, row_chunks& c) {
-  if (f.int8) return SetChunks<int8_rows>(c, d, f.code_bytes);
+HWY_INLINE std::size_t ValueChunks(const codec::rows_format& f, std::size_t d, std::size_t group,
+                                   row_chunks& c) {
+  if (f.int8) return SetChunks<int8_rows>(c, d, f.code_bytes, group);
   switch (f.bits) {
     case 2:
-      return SetChunks<crumb_rows>(c, d, f.code_bytes);
+      return SetChunks<crumb_rows>(c, d, f.code_bytes, group);
     case 3:
-      return SetChunks<triple_rows>(c, d, f.code_bytes);
+      return SetChunks<triple_rows>(c, d, f.code_bytes, group);
     default:
-      return SetChunks<nibble_rows>(c, d, f.code_bytes);
+      return SetChunks<nibble_rows>(c, d, f.code_bytes, group);
   }
 }
 
@@ -300,8 +302,8 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   const codec::rows_format &kf = cp.keys.format, &vf = cp.values.format;
   const std::size_t d = cp.head_dim, group = cp.q_heads / cp.kv_heads;
   if (!vf.int8) w.values.set(vf.centroids, vf.bits);
-  const std::size_t padded = ValueChunks(vf, d, w.value_chunks);
-  if (kf.int8) w.key_chunks.set<int8_rows>(d, kf.code_bytes);
+  const std::size_t padded = ValueChunks(vf, d, group, w.value_chunks);
+  if (kf.int8) w.key_chunks.set<int8_rows>(d, kf.code_bytes, group);
   const window positions = PositionsOf(cp.keys);
   // [2][heads] the running max and sum, [2][heads] a segment's, then its [heads][padded] sums
   HWY_ALIGN float states[4 * max_scan_heads + max_scan_heads * max_padded];
