@@ -8,6 +8,10 @@
 //   tq4/3/2   compressed_kv_attention over a turboquant_kv_cache_store (key_bits = value_bits)
 //   tq4qjl    the same, keys 3 codebook bits + 1 QJL bit, values 4 bits
 //   int8      compressed_kv_attention over an int8_kv_cache_store
+//   floor_int8  the int8 rows' floor: K and V bytes of the same window read in turn, each vector
+//             converted to f32 and multiplied into one chain per query head of the group, one
+//             vector exp per head and Lanes positions (bench/stream_read.h): the least an exact
+//             step over int8 rows does. Where it is slower than f16, so is any exact int8 step.
 // Every store of a shape gets the same tokens and the same query; the stores of the shape being
 // measured are kept between variants, so one process's repetitions can interleave them
 // (--benchmark_enable_random_interleaving=true; run one shape a process:
@@ -27,14 +31,16 @@
 #include <tuple>
 #include <vector>
 
+#include "stream_read.h"
+
 import ringkv;
 
 namespace {
 
 constexpr std::size_t q_heads = 8;
-enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, kinds };
-constexpr std::array<const char*, kinds> names = {"f32", "f16",    "tq4", "tq3",
-                                                  "tq2", "tq4qjl", "int8"};
+enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, kinds };
+constexpr std::array<const char*, kinds> names = {"f32", "f16",    "tq4",  "tq3",
+                                                  "tq2", "tq4qjl", "int8", "floor_int8"};
 
 struct shape {
   std::size_t dim, window, kv_heads;
@@ -105,10 +111,47 @@ ringkv::thread_pool& pool_of_two() {
   return pool;
 }
 
+/// The floor's int8 K and V of the shape: [kv_heads, W, head_dim] each, values in [-127, 127].
+struct int8_rows {
+  std::vector<std::int8_t> k, v;
+  explicit int8_rows(const shape& s) : k(s.kv_heads * s.window * s.dim), v(k.size()) {
+    uniform next{99};
+    for (auto* a : {&k, &v})
+      for (std::int8_t& x : *a) x = std::int8_t(127.0f * next());
+  }
+};
+
+/// The floor over `rows`, on 1 thread or split in two halves of K and V across the pool.
+float int8_floor(const int8_rows& rows, const shape& s, std::size_t threads) {
+  const std::size_t n = rows.k.size(), group = q_heads / s.kv_heads;
+  if (threads == 1)
+    return ringkv_bench::stream_fma_exp_pair_int8(rows.k.data(), rows.v.data(), n, group, s.dim);
+  float sums[2] = {};
+  pool_of_two().parallel_for(2, [&](std::size_t t) {
+    const std::size_t from = t * n / 2;
+    sums[t] = ringkv_bench::stream_fma_exp_pair_int8(rows.k.data() + from, rows.v.data() + from,
+                                                     n / 2, group, s.dim);
+  });
+  return sums[0] + sums[1];
+}
+
 /// The fastest repetition: on a machine shared with other work, the least disturbed one.
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) {
+  if (k == floor_int8) {
+    static std::unique_ptr<int8_rows> cached;
+    static std::tuple<std::size_t, std::size_t, std::size_t> cached_shape{};
+    if (!cached || cached_shape != s.key()) {
+      cached.reset();
+      cached = std::make_unique<int8_rows>(s);
+      cached_shape = s.key();
+    }
+    const int8_rows& rows = *cached;
+    for (auto _ : state) benchmark::DoNotOptimize(int8_floor(rows, s, threads));
+    state.counters["kv_bytes"] = double(2 * rows.k.size());
+    return;
+  }
   ringkv::kv_cache_store& st = store_for(k, s);
   uniform next{777};
   std::vector<float> q(q_heads * s.dim), out(q.size());
