@@ -169,11 +169,15 @@ HWY_INLINE void ScanRun(const compressed_problem& cp, const codec::rows_run& run
   float* signed_part = w.group + max_scan_heads * slots;
   for (std::size_t g = slot_a / slots; g * slots < slot_b; ++g) {
     const std::size_t first = kv * run.head_stride + g * slots;  // the group's index (head kv)
-    ScanGroup(run.codes + first / slots * w.code_group, w.codes, count, w.sums);
+    // The next group of the run (or past its end: a prefetch never faults).
+    const std::size_t next = (first + slots) / slots;
+    ScanGroup(run.codes + first / slots * w.code_group, run.codes + next * w.code_group, w.codes,
+              count, w.sums);
     for (std::size_t h = 0; h < count; ++h)
       ScaleSums(w.sums + h * slots, w.codes, h, run.scales + first, w.group + h * slots);
     if (f.qjl) {
-      ScanGroup(run.signs + first / slots * w.sign_group, w.signs, count, w.sums);
+      ScanGroup(run.signs + first / slots * w.sign_group, run.signs + next * w.sign_group, w.signs,
+                count, w.sums);
       for (std::size_t i = 0; i < slots; i += hn::Lanes(df))
         hn::Store(hn::Mul(hn::LoadU(df, run.scales + first + i),
                           hn::LoadU(df, run.residual_norms + first + i)),

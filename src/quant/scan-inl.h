@@ -123,6 +123,9 @@ HWY_INLINE void FinishHalf(V16 even, V16 odd, std::uint16_t* out) {
   hn::StoreU(hn::InterleaveUpper(d, e, o), d, out + 8);
 }
 
+/// Asks for the cache line at p (prefetcht0, as the f32 kernels' PrefetchLine).
+HWY_INLINE void Prefetch(const std::uint8_t* p) { __builtin_prefetch(p, 0, 3); }
+
 /// Adds one shuffle's looked-up bytes (16 slots a block) to a half group's accumulators.
 HWY_INLINE void AddLookup(hn::Vec<D8> r, V16& even, V16& odd) {
   const D16 d16;
@@ -133,8 +136,8 @@ HWY_INLINE void AddLookup(hn::Vec<D8> r, V16& even, V16& odd) {
 /// sums[h][32] = per slot of the group at `codes`, the sum of head h's table entries its codes
 /// look up (nibble units: bits 1, 2, 4).
 template <std::size_t Heads>
-HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const scan_tables& t,
-                            std::uint16_t* HWY_RESTRICT sums) {
+HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const std::uint8_t* next,
+                            const scan_tables& t, std::uint16_t* HWY_RESTRICT sums) {
   const D8 d8;
   const D16 d16;
   const auto low = hn::Set(d8, 0x0F);
@@ -142,6 +145,7 @@ HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const scan_t
   for (std::size_t h = 0; h < Heads; ++h) ae[h] = ao[h] = be[h] = bo[h] = hn::Zero(d16);
   const std::size_t stride = t.head_bytes();
   for (std::size_t at = 0; at < 16 * t.units; at += hn::Lanes(d8)) {
+    Prefetch(next + at);
     const auto x = hn::LoadU(d8, codes + at);
     const auto a = hn::And(x, low);  // slots 0-15
     const auto b = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, x))), low);
@@ -157,43 +161,56 @@ HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const scan_t
   }
 }
 
-/// Index bytes of one 3-bit lookup: the low two bits from `pair` shifted down by `low`, the high
-/// bit from `high_bits` moved from bit `high` to bit 2.
-HWY_INLINE hn::Vec<D8> TripleIndex(hn::Vec<D8> pair, hn::Vec<D8> high_bits, int low, int high) {
+/// Index bytes of one 3-bit lookup: the low two bits of `pair` from bit Low up, the high bit of
+/// `high_bits` moved from bit High to bit 2 (shifts by constants: one instruction each).
+template <int Low, int High>
+HWY_INLINE hn::Vec<D8> TripleIndex(hn::Vec<D8> pair, hn::Vec<D8> high_bits) {
   const D8 d8;
   const D16 d16;
   const auto h16 = hn::BitCast(d16, high_bits);
-  const auto moved =
-      high >= 2 ? hn::ShiftRightSame(h16, high - 2) : hn::ShiftLeftSame(h16, 2 - high);
-  const auto l = hn::BitCast(d8, hn::ShiftRightSame(hn::BitCast(d16, pair), low));
+  hn::Vec<D16> moved;
+  if constexpr (High >= 2)
+    moved = hn::ShiftRight<(High >= 2 ? High - 2 : 0)>(h16);
+  else
+    moved = hn::ShiftLeft<(High < 2 ? 2 - High : 0)>(h16);
+  const auto l = hn::BitCast(d8, hn::ShiftRight<Low>(hn::BitCast(d16, pair)));
   return hn::OrAnd(hn::And(hn::BitCast(d8, moved), hn::Set(d8, 4)), l, hn::Set(d8, 3));
+}
+
+/// The four lookups of coordinate pair P's coordinate C at one unit step (slots 0-15 and 16-31)
+/// for `Heads` heads: tables of kind 2P + C.
+template <std::size_t P, std::size_t C, std::size_t Heads>
+HWY_INLINE void LookupTriples(hn::Vec<D8> pair, hn::Vec<D8> high_bits, const scan_tables& t,
+                              std::size_t at, V16* ae, V16* ao, V16* be, V16* bo) {
+  const D8 d8;
+  const auto a = TripleIndex<4 * C, 4 * P + 2 * C>(pair, high_bits);
+  const auto b = TripleIndex<4 * C + 2, 4 * P + 2 * C + 1>(pair, high_bits);
+  const std::size_t stride = t.head_bytes(), kind = 2 * P + C;
+  for (std::size_t h = 0; h < Heads; ++h) {
+    const auto table = hn::Load(d8, t.bytes + h * stride + kind * 16 * t.units + at);
+    AddLookup(hn::TableLookupBytes(table, a), ae[h], ao[h]);
+    AddLookup(hn::TableLookupBytes(table, b), be[h], bo[h]);
+  }
 }
 
 /// As ScanNibbles for 3-bit codes: per unit the low-bit planes of two coordinate pairs and their
 /// high bits, eight lookups (pair p, coordinate t, half s) a unit.
 template <std::size_t Heads>
-HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const scan_tables& t,
-                            std::uint16_t* HWY_RESTRICT sums) {
+HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const std::uint8_t* next,
+                            const scan_tables& t, std::uint16_t* HWY_RESTRICT sums) {
   const D8 d8;
   const D16 d16;
   V16 ae[Heads], ao[Heads], be[Heads], bo[Heads];
   for (std::size_t h = 0; h < Heads; ++h) ae[h] = ao[h] = be[h] = bo[h] = hn::Zero(d16);
-  const std::size_t stride = t.head_bytes(), plane = 16 * t.units;
+  const std::size_t plane = 16 * t.units;
   for (std::size_t at = 0; at < plane; at += hn::Lanes(d8)) {
+    for (std::size_t p = 0; p < 3; ++p) Prefetch(next + p * plane + at);
     const auto high_bits = hn::LoadU(d8, codes + 2 * plane + at);
-    for (std::size_t p = 0; p < 2; ++p) {
-      const auto pair = hn::LoadU(d8, codes + p * plane + at);
-      for (std::size_t c = 0; c < 2; ++c) {
-        const auto a = TripleIndex(pair, high_bits, int(4 * c), int(4 * p + 2 * c));
-        const auto b = TripleIndex(pair, high_bits, int(4 * c + 2), int(4 * p + 2 * c + 1));
-        const std::size_t kind = 2 * p + c;
-        for (std::size_t h = 0; h < Heads; ++h) {
-          const auto table = hn::Load(d8, t.bytes + h * stride + kind * plane + at);
-          AddLookup(hn::TableLookupBytes(table, a), ae[h], ao[h]);
-          AddLookup(hn::TableLookupBytes(table, b), be[h], bo[h]);
-        }
-      }
-    }
+    const auto first = hn::LoadU(d8, codes + at), second = hn::LoadU(d8, codes + plane + at);
+    LookupTriples<0, 0, Heads>(first, high_bits, t, at, ae, ao, be, bo);
+    LookupTriples<0, 1, Heads>(first, high_bits, t, at, ae, ao, be, bo);
+    LookupTriples<1, 0, Heads>(second, high_bits, t, at, ae, ao, be, bo);
+    LookupTriples<1, 1, Heads>(second, high_bits, t, at, ae, ao, be, bo);
   }
   for (std::size_t h = 0; h < Heads; ++h) {
     FinishHalf(ae[h], ao[h], sums + 32 * h);
@@ -201,20 +218,24 @@ HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const scan_t
   }
 }
 
-/// sums[h][32] for the first `heads` (≤ max_scan_heads) tables of t over the group at `codes`.
-HWY_INLINE void ScanGroup(const std::byte* codes, const scan_tables& t, std::size_t heads,
-                          std::uint16_t* sums) {
+/// sums[h][32] for the first `heads` (≤ max_scan_heads) tables of t over the group at `codes`,
+/// asking for the group at `next` meanwhile (a line a vector of codes read: groups come from the
+/// L3 or memory, and a segment's scan alternates with its V rows, which restarts the hardware's
+/// streams).
+HWY_INLINE void ScanGroup(const std::byte* codes, const std::byte* next, const scan_tables& t,
+                          std::size_t heads, std::uint16_t* sums) {
   const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
+  const auto* n = reinterpret_cast<const std::uint8_t*>(next);
   const bool triples = t.bits == 3;
   switch (heads) {
     case 1:
-      return triples ? ScanTriples<1>(c, t, sums) : ScanNibbles<1>(c, t, sums);
+      return triples ? ScanTriples<1>(c, n, t, sums) : ScanNibbles<1>(c, n, t, sums);
     case 2:
-      return triples ? ScanTriples<2>(c, t, sums) : ScanNibbles<2>(c, t, sums);
+      return triples ? ScanTriples<2>(c, n, t, sums) : ScanNibbles<2>(c, n, t, sums);
     case 3:
-      return triples ? ScanTriples<3>(c, t, sums) : ScanNibbles<3>(c, t, sums);
+      return triples ? ScanTriples<3>(c, n, t, sums) : ScanNibbles<3>(c, n, t, sums);
     default:
-      return triples ? ScanTriples<4>(c, t, sums) : ScanNibbles<4>(c, t, sums);
+      return triples ? ScanTriples<4>(c, n, t, sums) : ScanNibbles<4>(c, n, t, sums);
   }
 }
 
