@@ -62,14 +62,23 @@ HWY_INLINE void ScoreBlock(DF d, std::size_t head_dim, const chunk& c, const blo
   PadScores(c, b.n);
 }
 
+/// The softmax step's exponential: Highway's Exp (within 1 ulp of e^x).
+struct exact_exp {
+  template <class D, class V>
+  static HWY_INLINE V exp(D d, V x) {
+    return hn::Exp(d, x);
+  }
+};
+
 /// exp(score − max) in place over head h's block of scores; returns their lane-wise sum.
+template <class Exp = exact_exp>
 HWY_INLINE VF ExpHead(DF d, const chunk& c, const state& s, std::size_t h) {
   const std::size_t N = hn::Lanes(d);
   float* sc = c.scores + h * c.block;  // [block]
   const VF vm = hn::Set(d, s.max[h]);
   VF vsum = hn::Zero(d);
   for (std::size_t k = 0; k < c.block; k += N) {
-    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, sc + k), vm));
+    const VF e = Exp::exp(d, hn::Sub(hn::Load(d, sc + k), vm));
     hn::Store(e, d, sc + k);
     vsum = hn::Add(vsum, e);
   }
@@ -87,12 +96,12 @@ HWY_INLINE VF MaxHead(DF d, const chunk& c, std::size_t h) {
 
 /// Heads [h, h + Lanes(dh)): max ← max(max, the block's max) (read from rescale), rescale ←
 /// exp(old max − new max): lane-wise, so a head's value does not depend on its neighbours.
-template <class DH>
+template <class Exp = exact_exp, class DH>
 HWY_INLINE void RescaleHeads(DH dh, const chunk& c, const state& s, std::size_t h) {
   const auto old = hn::LoadU(dh, s.max + h);
   const auto now = hn::Max(old, hn::LoadU(dh, c.rescale + h));
   hn::StoreU(now, dh, s.max + h);
-  hn::StoreU(hn::Exp(dh, hn::Sub(old, now)), dh, c.rescale + h);
+  hn::StoreU(Exp::exp(dh, hn::Sub(old, now)), dh, c.rescale + h);
 }
 
 /// Heads [h, h + Lanes(dh)): sum ← sum · rescale + the block's sum (in `block`).
@@ -108,9 +117,11 @@ HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, c
 /// reduced across lanes together (Reduce4), and the state's max, rescale and sum are updated
 /// as 4-lane vectors; a lone head takes the same arithmetic in a 1-lane vector, so a head's
 /// values never depend on which heads share its chunk. c.rescale holds the block maxima until
-/// RescaleHeads turns them into rescales. Out of line (one copy per target instead of one per row
-/// type): inlined, its Exp copies make simd.cpp compile 1.7x as long under the sanitizers.
-inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
+/// RescaleHeads turns them into rescales. Out of line (one copy per target and exponential
+/// instead of one per row type): inlined, its Exp copies make simd.cpp compile 1.7x as long under
+/// the sanitizers.
+template <class Exp = exact_exp>
+HWY_NOINLINE void ExpBlockWith(const chunk& c, const state& s) {
   static_assert(
       block_positions % hn::MaxLanes(DF()) == 0 && cached_block_positions % block_positions == 0,
       "a block is whole vectors");
@@ -122,22 +133,25 @@ inline HWY_NOINLINE void ExpBlock(const chunk& c, const state& s) {
   for (std::size_t h = 0; h < n4; h += 4) {
     Reduce4(d, MaxHead(d, c, h), MaxHead(d, c, h + 1), MaxHead(d, c, h + 2), MaxHead(d, c, h + 3),
             max_lanes(), c.rescale + h);
-    for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) RescaleHeads(d4, c, s, h + k);
+    for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) RescaleHeads<Exp>(d4, c, s, h + k);
   }
   for (std::size_t h = n4; h < n; ++h) {
     c.rescale[h] = max_lanes::across(d, MaxHead(d, c, h));
-    RescaleHeads(d1, c, s, h);
+    RescaleHeads<Exp>(d1, c, s, h);
   }
   for (std::size_t h = 0; h < n4; h += 4) {
-    Sum4(d, ExpHead(d, c, s, h), ExpHead(d, c, s, h + 1), ExpHead(d, c, s, h + 2),
-         ExpHead(d, c, s, h + 3), block);
+    Sum4(d, ExpHead<Exp>(d, c, s, h), ExpHead<Exp>(d, c, s, h + 1), ExpHead<Exp>(d, c, s, h + 2),
+         ExpHead<Exp>(d, c, s, h + 3), block);
     for (std::size_t k = 0; k < 4; k += hn::Lanes(d4)) SumHeads(d4, c, s, h + k, block + k);
   }
   for (std::size_t h = n4; h < n; ++h) {
-    block[0] = Sum1(d, ExpHead(d, c, s, h));
+    block[0] = Sum1(d, ExpHead<Exp>(d, c, s, h));
     SumHeads(d1, c, s, h, block);
   }
 }
+
+/// ExpBlockWith Highway's Exp: the f32 and f16 kernels' softmax step.
+inline void ExpBlock(const chunk& c, const state& s) { ExpBlockWith<exact_exp>(c, s); }
 
 // acc ← acc · r + Σ_j p_j · v_j over a slice of head_dim. Per element the arithmetic is the same
 // whatever tile computes it: one chain over the block's rows from zero, then one fused fold.
