@@ -1,11 +1,13 @@
 // The streaming-decode demo: a tiny synthetic transformer (seeded random weights) whose layers
-// keep their K/V in ringkv rings and attend them through ringkv::decode, one generator per layer.
+// keep their K/V in ringkv rings and attend them through ringkv::layer_decoder, one per layer:
+// layer l's q, k, v come from layer l - 1's output of the same token, so each layer takes one
+// step a token (a pull stream per layer would need a mailbox token source; ringkv::decode is for
+// a single stream).
 // Layers alternate local sliding windows with a wider one on every 4th layer (Gemma 3 style);
 // each ring's capacity is its window, so with the default 512 tokens every ring wraps many times.
 // Each output is fed back as the next input. Run with --help for the options.
 #include <chrono>
 #include <cmath>
-#include <coroutine>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -110,21 +112,12 @@ void rope(std::span<float> x, std::size_t position) {
   }
 }
 
-// The token source of one layer's stream: it yields whatever the model loop put in the slot.
-// This is how a model loop drives per-layer generators whose inputs depend on the layer below.
-ringkv::generator<ringkv::token_qkv> mailbox(const ringkv::token_qkv& slot) {
-  for (;;) co_yield slot;
-}
-
 struct layer {
   std::size_t window;
   matrix wq, wk, wv, wo;
   std::unique_ptr<ringkv::default_kv_cache_store> store;
-  std::vector<float> q, k, v;  // [q_heads*head_dim], [kv_heads*head_dim] x2
-  ringkv::token_qkv slot;
-  ringkv::generator<std::span<const float>> stream;
-  ringkv::generator<std::span<const float>>::iterator row;
-  bool started = false;
+  std::vector<float> q, k, v, row;  // [q_heads*head_dim], [kv_heads*head_dim] x2, like q
+  ringkv::layer_decoder decoder;
 
   layer(std::size_t w, std::mt19937& rng, ringkv::trace::sink& sink, bool gather)
       : window(w), wq(q_heads * head_dim, d_model, rng), wk(kv_heads * head_dim, d_model, rng),
@@ -133,8 +126,8 @@ struct layer {
             ringkv::kv_cache_config{
                 .layers = 1, .kv_heads = kv_heads, .head_dim = head_dim, .capacity = w},
             ringkv::store_options{.sliding_window = true}, sink)),
-        q(q_heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim), slot{q, k, v},
-        stream(ringkv::decode(*store, 0, mailbox(slot), {.window = w, .gather = gather}, sink)) {}
+        q(q_heads * head_dim), k(kv_heads * head_dim), v(kv_heads * head_dim),
+        row(q_heads * head_dim), decoder(*store, 0, {.window = w, .gather = gather}, sink) {}
 
   // One token through this layer: x += W_o · attention(rope(W_q h), rope(W_k h), W_v h).
   void forward(std::span<float> x, std::span<float> h, std::span<float> o, std::size_t pos) {
@@ -144,13 +137,8 @@ struct layer {
     wv.apply(h, v);
     rope(q, pos);
     rope(k, pos);
-    if (!started) {
-      row = stream.begin();
-      started = true;
-    } else {
-      ++row;
-    }
-    wo.apply(*row, o);
+    decoder.step({q, k, v}, row);  // appends k, v and attends q over the window
+    wo.apply(row, o);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
 };
@@ -234,7 +222,7 @@ int main(int argc, char** argv) {
   const double steady = std::chrono::duration<double>(end - warm).count();
   std::size_t held = 0;
   for (auto& L : layers) held += L->store->memory().physical_bytes;
-  const auto last = *layers.back()->row;
+  const auto& last = layers.back()->row;
   std::printf("summary: %zu tokens in %.3f s (%.0f tok/s after warm-up)\n", s.tokens, secs,
               s.tokens > 1 ? double(s.tokens - 1) / steady : 0.0);
   std::printf("summary: allocations after warm-up: %llu, adapters after warm-up: %llu\n",

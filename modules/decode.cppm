@@ -49,25 +49,66 @@ R& unwrap(std::reference_wrapper<R> r) noexcept {
   return r.get();
 }
 
+}  // namespace detail
+
+/// One layer's decode as a call a token: what a model loop wants, where layer l's q, k and v
+/// come from layer l - 1's output of the same token, so a pull stream per layer does not fit.
+/// Each step appends the token's k and v and attends its q over its window (the decode stream
+/// is built on it, so the bits are the stream's). Holds the attention object, the arena for
+/// stores whose windows copy and the compressed store's codes pointer; the store is referenced
+/// and must outlive it.
+class layer_decoder {
+ public:
+  /// Checks store, layer and options as decode() does (same exceptions); allocates the arena's
+  /// small slab (traced); O(1).
+  layer_decoder(kv_cache_store& store, std::size_t layer, decode_options options = {},
+                trace::sink& sink = trace::null_sink());
+  /// Moves the references and the arena (a model keeps one decoder a layer in a vector); O(1).
+  layer_decoder(layer_decoder&&) = default;
+
+  /// Appends t.k, t.v at the next position of the layer (overwriting the oldest of a full ring)
+  /// and writes the attention of t.q over its window to `out` ([q_heads * head_dim], not
+  /// overlapping t.q). Checks t and out first (std::invalid_argument naming them; then the store
+  /// and `out` are untouched). O(window * q_heads * head_dim); no heap allocation once warm
+  /// (the first step sizes a pool's scratch; a store whose windows copy, or .gather, sizes the
+  /// arena for the full window then).
+  void step(const token_qkv& t, std::span<float> out);
+
+  /// The store it appends to; O(1).
+  kv_cache_store& store() const noexcept { return *store_; }
+  /// The layer of the store it appends to; O(1).
+  std::size_t layer() const noexcept { return layer_; }
+  /// The effective window (options.window, or capacity - slack); O(1).
+  std::size_t window() const noexcept { return window_; }
+
+ private:
+  kv_cache_store* store_;
+  std::size_t layer_;
+  decode_options options_;
+  std::size_t window_;
+  trace::sink* sink_;
+  windowed_attention attention_;
+  compressed_kv_cache_store* codes_;  // found once, not per token
+  scope arena_;                       // grows only for stores whose windows copy (or .gather)
+  std::size_t reserved_q_ = 0;        // query width the pool's scratch was sized for
+};
+
+namespace detail {
 template <class Source>
 generator<std::span<const float>> decode_stream(kv_cache_store& store, std::size_t layer,
                                                 Source tokens, decode_options opts,
-                                                std::size_t window, trace::sink& sink) {
-  windowed_attention attention(attention_options{&sink, opts.pool});
-  compressed_kv_cache_store* const codes = codes_of(store, opts.gather);  // once, not per token
-  scope arena(64, sink);  // grows only for stores whose windows copy (or with .gather)
-  storage row;            // [q_heads * head_dim] the output row, sized by the first token
+                                                trace::sink& sink) {
+  layer_decoder decoder(store, layer, opts, sink);
+  storage row;  // [q_heads * head_dim] the output row, sized by the first token
   std::span<float> out;
   for (auto&& item : unwrap(tokens)) {
     const token_qkv& t = item;
-    check_token(store, t, opts);
     if (out.size() != t.q.size()) {
+      check_token(store, t, opts);  // before sizing the row by a token the step would refuse
       row = storage(t.q.size_bytes(), "decode-row", sink);
       out = {reinterpret_cast<float*>(row.data()), t.q.size()};
-      const std::size_t dim = store.config().head_dim;
-      attention.reserve(t.q.size() / dim, dim, window);  // with a pool: its scratch, once
     }
-    decode_one(store, codes, layer, t, opts, window, attention, sink, arena, out);
+    decoder.step(t, out);
     co_yield std::span<const float>(out);
   }
 }
@@ -86,11 +127,11 @@ template <class Tokens>
 generator<std::span<const float>> decode(kv_cache_store& store, std::size_t layer, Tokens&& tokens,
                                          decode_options options = {},
                                          trace::sink& sink = trace::null_sink()) {
-  const std::size_t window = detail::check_decode(store, layer, options);
+  detail::check_decode(store, layer, options);
   if constexpr (std::is_lvalue_reference_v<Tokens>)
-    return detail::decode_stream(store, layer, std::ref(tokens), options, window, sink);
+    return detail::decode_stream(store, layer, std::ref(tokens), options, sink);
   else
-    return detail::decode_stream(store, layer, std::forward<Tokens>(tokens), options, window, sink);
+    return detail::decode_stream(store, layer, std::forward<Tokens>(tokens), options, sink);
 }
 
 }  // namespace ringkv

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <ranges>
 #include <span>
@@ -318,4 +319,105 @@ BOOST_AUTO_TEST_CASE(the_gather_option_copies_each_window_and_says_so_in_the_tra
     ++i;
   }
   BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 20);
+}
+
+// layer_decoder: the per-token call a model loop makes (layer l's q, k, v come from layer
+// l - 1's output of the same token), with the bits of the stream.
+BOOST_AUTO_TEST_CASE(a_layer_decoder_gives_the_streams_rows_bit_for_bit_on_every_store_kind) {
+  token_data data(3 * 24 + 5, 8, 2, 32, 31);
+  ringkv::default_thread_pool pool(2);
+  const ringkv::kv_cache_config c{.layers = 2, .kv_heads = 2, .head_dim = 32, .capacity = 24};
+  const ringkv::store_options ring_options{.sliding_window = true};
+  std::vector<float> sinks{0.5f, -1.0f, 0.0f, 2.0f, 0.25f, -0.5f, 1.0f, 0.0f};
+  for (int kind = 0; kind < 4; ++kind)
+    for (ringkv::thread_pool* p :
+         {static_cast<ringkv::thread_pool*>(nullptr), static_cast<ringkv::thread_pool*>(&pool)}) {
+      BOOST_TEST_CONTEXT("store kind " << kind << ", pool " << (p != nullptr)) {
+        auto make = [&]() -> std::unique_ptr<ringkv::kv_cache_store> {
+          ringkv::kv_cache_config cc = c;
+          if (kind == 1) cc.key_type = cc.value_type = ringkv::dtype::f16;
+          if (kind == 2) return std::make_unique<ringkv::int8_kv_cache_store>(cc, ring_options);
+          if (kind == 3)
+            return std::make_unique<ringkv::turboquant_kv_cache_store>(
+                cc, ringkv::turboquant_options{}, ring_options);
+          return std::make_unique<ringkv::default_kv_cache_store>(cc, ring_options);
+        };
+        const ringkv::decode_options o{.window = 20, .sinks = sinks, .pool = p};
+        auto streamed = make();
+        auto stepped = make();
+        ringkv::layer_decoder decoder(*stepped, 1, o);
+        BOOST_TEST(decoder.window() == 20u);
+        std::vector<float> out(data.q_width);
+        std::size_t i = 0;
+        for (std::span<const float> row : ringkv::decode(*streamed, 1, data.tokens, o)) {
+          decoder.step(data.tokens[i++], out);
+          BOOST_REQUIRE(std::memcmp(row.data(), out.data(), out.size() * sizeof(float)) == 0);
+        }
+        BOOST_TEST(i == data.tokens.size());
+        BOOST_TEST(stepped->length(1) == i);
+        BOOST_TEST(stepped->length(0) == 0u);
+      }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(a_warm_layer_decoder_allocates_nothing_on_a_wrapped_ring) {
+  token_data data(1001, 8, 2, 32, 32);
+  trace::recorder rec(4096);
+  ringkv::default_thread_pool pool(2);
+  for (ringkv::thread_pool* p :
+       {static_cast<ringkv::thread_pool*>(nullptr), static_cast<ringkv::thread_pool*>(&pool)}) {
+    auto store = ring(2, 32, 64, rec);
+    ringkv::layer_decoder decoder(store, 0, {.pool = p}, rec);
+    std::vector<float> out(data.q_width);
+    decoder.step(data.tokens[0], out);  // the first step sizes the pool's scratch
+    const auto allocation_events = ranges::distance(rec.of<trace::allocation>());
+    ringkv_test::new_counter counter;
+    for (std::size_t i = 1; i < data.tokens.size(); ++i) decoder.step(data.tokens[i], out);
+    BOOST_TEST(counter.calls() == 0u);
+    BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == allocation_events);
+    BOOST_TEST(store.window_start(0) == 1001u - 64u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(
+    a_layer_decoder_refuses_a_bad_token_or_output_with_the_store_and_output_unchanged) {
+  token_data data(6, 2, 1, 4, 33);
+  auto store = ring(1, 4, 4);
+  ringkv::layer_decoder decoder(store, 0);
+  std::vector<float> out(data.q_width);
+  decoder.step(data.tokens[0], out);
+  decoder.step(data.tokens[1], out);
+  const auto keys_before = read_all_keys(store, 0);
+  const std::vector<float> out_before = out;
+  std::vector<float> short_k(3), wide_out(data.q_width + 1);
+  ringkv::token_qkv bad = data.tokens[2];
+  bad.k = short_k;
+  BOOST_CHECK_EXCEPTION(
+      decoder.step(bad, out), std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("kv_heads * head_dim = 4") != std::string::npos;
+      });
+  BOOST_CHECK_EXCEPTION(
+      decoder.step(data.tokens[2], wide_out), std::invalid_argument,
+      [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("layer_decoder::step: out has 9 floats, token q has 8") !=
+               std::string::npos;
+      });
+  std::vector<float> nan_q(data.q_width, std::numeric_limits<float>::quiet_NaN());
+  BOOST_CHECK_THROW(decoder.step({nan_q, data.tokens[2].k, data.tokens[2].v}, out),
+                    std::invalid_argument);
+  BOOST_TEST(store.length(0) == 2u);
+  BOOST_TEST(read_all_keys(store, 0) == keys_before, boost::test_tools::per_element());
+  BOOST_TEST(out == out_before, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(a_layer_decoder_refuses_bad_options_at_construction) {
+  auto store = ring(1, 4, 4);
+  BOOST_CHECK_EXCEPTION(ringkv::layer_decoder(store, 0, {.window = 5}), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("capacity - slack = 4") !=
+                                 std::string::npos;
+                        });
+  BOOST_CHECK_THROW(ringkv::layer_decoder(store, 1), std::out_of_range);
+  BOOST_CHECK_THROW(ringkv::layer_decoder(store, 0, {.scale = -1.0f}), std::invalid_argument);
+  BOOST_TEST(store.length(0) == 0u);
 }

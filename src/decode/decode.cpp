@@ -46,3 +46,29 @@ void decode_one(kv_cache_store& store, compressed_kv_cache_store* codes, std::si
 }
 
 }  // namespace ringkv::detail
+
+namespace ringkv {
+
+layer_decoder::layer_decoder(kv_cache_store& store, std::size_t layer, decode_options options,
+                             trace::sink& sink)
+    : store_(&store), layer_(layer), options_(options),
+      window_(detail::check_decode(store, layer, options)), sink_(&sink),
+      attention_(attention_options{&sink, options.pool}),
+      codes_(detail::codes_of(store, options.gather)), arena_(64, sink) {}
+
+void layer_decoder::step(const token_qkv& t, std::span<float> out) {
+  detail::check_token(*store_, t, options_);
+  if (out.size() != t.q.size())
+    throw std::invalid_argument("ringkv::layer_decoder::step: out has " +
+                                std::to_string(out.size()) + " floats, token q has " +
+                                std::to_string(t.q.size()));
+  if (reserved_q_ != t.q.size()) {
+    const std::size_t dim = store_->config().head_dim;
+    attention_.reserve(t.q.size() / dim, dim, window_);  // with a pool: its scratch, once
+    reserved_q_ = t.q.size();
+  }
+  detail::decode_one(*store_, codes_, layer_, t, options_, window_, attention_, *sink_, arena_,
+                     out);
+}
+
+}  // namespace ringkv

@@ -1,0 +1,170 @@
+// gguf_run: runs a granite_swa or gemma3 GGUF model on ringkv (see model.hpp): the prompt in
+// chunks through windowed_attention::prefill, then greedy generation through
+// ringkv::layer_decoder; prints the generated ids and prefill/decode tokens per second.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "matmul.hpp"
+#include "model.hpp"
+
+namespace {
+void usage(std::FILE* to) {
+  std::fprintf(
+      to,
+      "usage: gguf_run --model FILE (--prompt ID,ID,... | --random-prompt N [--seed S])\n"
+      "                [--generate N] [--chunk N] [--threads N] [--cache TYPE]\n"
+      "                [--logits FILE] [--gelu-f16]\n"
+      "  --prompt         token ids, comma-separated\n"
+      "  --random-prompt  N token ids drawn from the vocabulary (seeded by --seed)\n"
+      "  --generate N     tokens to generate greedily after the prompt (default 8)\n"
+      "  --chunk N        prompt tokens a prefill call (default 64)\n"
+      "  --threads N      threads for matrix products and attention (default 1)\n"
+      "  --cache TYPE     K/V cache: f32 (default), f16, bf16, turboquant, int8\n"
+      "  --logits FILE    write the logits of every position, f32 little-endian\n"
+      "                   [positions, vocab], prompt then generated tokens\n"
+      "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");
+}
+
+bool count(const char* s, std::size_t& out, std::size_t min = 0) {
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || *end != '\0' || v < min || v > (1ull << 30)) return false;
+  out = static_cast<std::size_t>(v);
+  return true;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, logits_path;
+  std::vector<std::int32_t> prompt;
+  std::size_t random_prompt = 0, seed = 1, generate = 8, chunk = 64, threads = 1;
+  gguf_run::run_options opts;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    if (a == "--gelu-f16") {
+      opts.gelu_f16_table = true;
+      continue;
+    }
+    const char* v = i + 1 < argc ? argv[++i] : nullptr;
+    bool ok = v != nullptr;
+    if (!ok) {
+    } else if (a == "--model")
+      model_path = v;
+    else if (a == "--logits")
+      logits_path = v;
+    else if (a == "--random-prompt")
+      ok = count(v, random_prompt, 1);
+    else if (a == "--seed")
+      ok = count(v, seed);
+    else if (a == "--generate")
+      ok = count(v, generate);
+    else if (a == "--chunk")
+      ok = count(v, chunk, 1);
+    else if (a == "--threads")
+      ok = count(v, threads, 1);
+    else if (a == "--cache") {
+      const auto t = gguf_run::parse_cache_type(v);
+      ok = t.has_value();
+      if (ok) opts.cache = *t;
+    } else if (a == "--prompt") {
+      std::string s = v;
+      std::size_t p = 0;
+      while (ok && p <= s.size()) {
+        const std::size_t q = std::min(s.find(',', p), s.size());
+        std::size_t id = 0;
+        ok = count(s.substr(p, q - p).c_str(), id) && id < (1u << 31);
+        prompt.push_back(static_cast<std::int32_t>(id));
+        p = q + 1;
+      }
+    } else
+      ok = false;
+    if (!ok) {
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (model_path.empty() || (prompt.empty() == (random_prompt == 0))) {
+    usage(stderr);
+    return 2;
+  }
+  try {
+    const auto load_start = std::chrono::steady_clock::now();
+    const gguf_run::model m = gguf_run::model::from(gguf::file::read(model_path));
+    const auto& hp = m.hp;
+    if (random_prompt > 0) {
+      std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
+      for (std::size_t i = 0; i < random_prompt; ++i) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        prompt.push_back(static_cast<std::int32_t>((s >> 33) % hp.vocab));
+      }
+    }
+    opts.threads = threads;
+    opts.max_positions = prompt.size() + generate;
+    std::size_t sliding = 0;
+    for (bool b : hp.sliding) sliding += b;
+    std::printf(
+        "gguf_run: %s, %zu layers (%zu sliding, window %zu), embd %zu, %zu/%zu heads of "
+        "%zu, ff %zu, vocab %zu; loaded in %.3f s\n",
+        gguf_run::name_of(hp.arch), hp.layers, sliding, hp.window, hp.embd, hp.heads, hp.kv_heads,
+        hp.head_dim, hp.ff, hp.vocab, seconds_since(load_start));
+    std::printf("gguf_run: %s K/V cache, %zu thread%s, chunks of %zu, matmul target %s\n",
+                gguf_run::name_of(opts.cache), threads, threads == 1 ? "" : "s", chunk,
+                gguf_run::matmul_target());
+    gguf_run::runner r(m, opts);
+    std::vector<float> logits((prompt.size() + generate) * hp.vocab);
+    const auto prefill_start = std::chrono::steady_clock::now();
+    for (std::size_t p = 0; p < prompt.size(); p += chunk) {
+      const std::size_t n = std::min(chunk, prompt.size() - p);
+      r.prefill(std::span(prompt).subspan(p, n),
+                std::span(logits).subspan(p * hp.vocab, n * hp.vocab));
+    }
+    const double prefill_s = seconds_since(prefill_start);
+    const double prefill_attention = r.attention_seconds();
+    std::vector<std::int32_t> generated;
+    const auto decode_start = std::chrono::steady_clock::now();
+    for (std::size_t g = 0; g < generate; ++g) {
+      const std::size_t p = prompt.size() + g;
+      const auto prev = std::span(logits).subspan((p - 1) * hp.vocab, hp.vocab);
+      const std::int32_t next = gguf_run::argmax(prev);
+      generated.push_back(next);
+      r.decode(next, std::span(logits).subspan(p * hp.vocab, hp.vocab));
+    }
+    const double decode_s = seconds_since(decode_start);
+    const double decode_attention = r.attention_seconds() - prefill_attention;
+    std::printf("generated:");
+    for (auto t : generated) std::printf(" %d", t);
+    std::printf("\n");
+    std::printf("prefill: %zu tokens in %.3f s, %.1f tok/s (attention %.1f%%)\n", prompt.size(),
+                prefill_s, double(prompt.size()) / prefill_s,
+                100.0 * prefill_attention / prefill_s);
+    if (generate > 0)
+      std::printf("decode: %zu tokens in %.3f s, %.1f tok/s (attention %.1f%%)\n", generate,
+                  decode_s, double(generate) / decode_s, 100.0 * decode_attention / decode_s);
+    if (!logits_path.empty()) {
+      std::ofstream out(logits_path, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(logits.data()),
+                static_cast<std::streamsize>(logits.size() * sizeof(float)));
+      out.close();
+      if (!out) throw std::runtime_error("cannot write " + logits_path);
+      std::printf("logits: %zu positions x %zu written to %s\n", prompt.size() + generate, hp.vocab,
+                  logits_path.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gguf_run: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
