@@ -136,6 +136,7 @@ void count(benchmark::State& state, const run_shape& s, double peak, double cpu)
       benchmark::Counter(double(s.tokens), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["fraction_of_peak"] =
       2.0 * q_heads * head_dim * keys * double(state.iterations()) / (peak * cpu);
+  state.counters["peak_gfma_per_cpu_second"] = peak * 1e-9;
 }
 
 void prefill(benchmark::State& state) {

@@ -74,48 +74,6 @@ HWY_INLINE void PromoteRows(DF d, std::size_t dim, std::size_t stride, float* to
   }
 }
 
-// The queries that see a whole block share its rows in L1: the score tiles take the rows
-// score_rows at a time for every head before the next ones, the V tiles a slice of four vectors
-// of every row for every head before the next slice. Per (head, row) and per element the
-// arithmetic is ScoreHeads' and AccumulateBlock's, so the bits are decode's.
-inline constexpr std::size_t score_rows = 16;
-
-/// Scores of the block's rows for every head of `c` (ScoreBlock's, rows score_rows at a time).
-template <class Loader>
-HWY_INLINE void ScoreTile(DF d, std::size_t dim, const chunk& c, const block_rows& b,
-                          line_feed& none) {
-  for (std::size_t j = 0; j < b.n; j += score_rows)
-    ScoreHeads<Loader>(d, c.q, c.padded_dim, c.count, b.k + j, std::min(score_rows, b.n - j), dim,
-                       c.scores + j, c.block, none);
-  PadScores(c, b.n);
-}
-
-/// AccumulateBlock's fold for every head of `c`, a slice of four vectors at a time across all
-/// heads (fours of heads where RINGKV_WIDE_TILES, else pairs, a lone head alone).
-template <class Loader>
-HWY_INLINE void AccumulateTile(DF d, std::size_t dim, const chunk& c, const block_rows& b,
-                               const state& s, line_feed& none) {
-  const std::size_t N = hn::Lanes(d), whole = dim / (4 * N) * (4 * N);
-  for (std::size_t i = 0; i < whole; i += 4 * N) {
-    std::size_t h = 0;
-#ifdef RINGKV_WIDE_TILES
-    for (; h + 4 <= c.count; h += 4)
-      Accumulate4x4<Loader>(d, c.scores + h * c.block, c.block, b, i, c.rescale + h,
-                            s.acc + h * dim, dim);
-#endif
-    for (; h + 2 <= c.count; h += 2)
-      Accumulate2x4<Loader>(d, c.scores + h * c.block, c.scores + (h + 1) * c.block, b, i,
-                            c.rescale[h], c.rescale[h + 1], s.acc + h * dim,
-                            s.acc + (h + 1) * dim);
-    if (h < c.count)
-      Accumulate1x4<Loader>(d, c.scores + h * c.block, b, i, 0, c.rescale[h], s.acc + h * dim);
-  }
-  if (whole < dim)
-    for (std::size_t h = 0; h < c.count; ++h)
-      AccumulateRest<Loader>(d, dim, c.scores + h * c.block, b, whole, c.rescale[h],
-                             s.acc + h * dim, none);
-}
-
 /// Continues each query's segment state over one block (`all`: the rows any query of the tile
 /// sees, at `positions`): the queries that see all of them together (runs of consecutive
 /// queries), each other one over the rows it sees, as decode collects them for its window.
@@ -134,9 +92,9 @@ HWY_INLINE void AttendTileBlock(const prefill_problem& p, const prefill_tile& t,
     sub.scores = c.scores + h0 * c.block;
     sub.rescale = c.rescale + h0;
     const state s = Rows(seg, h0, dim);
-    ScoreTile<Loader>(d, dim, sub, rows, none);
+    ScoreBlock<Loader>(d, dim, sub, rows, none);
     ExpBlock(sub, s);
-    AccumulateTile<Loader>(d, dim, sub, rows, s, none);
+    AccumulateBlock<Loader>(d, dim, sub, rows, s, none);
   };
   const auto seen = [&](std::size_t i) {
     return SeenRows(p, p.first + t.first + i, positions, all.n);
@@ -246,7 +204,8 @@ HWY_EXPORT(AttendTileImpl);
 
 prefill_plan plan_prefill(const prefill_problem& p) {
   prefill_plan plan;
-  plan.tile_queries = std::max<std::size_t>(1, prefill_tile_heads / (p.step.q_heads / p.step.kv_heads));
+  plan.tile_queries =
+      std::max<std::size_t>(1, prefill_tile_heads / (p.step.q_heads / p.step.kv_heads));
   for (std::size_t i = 0; i < p.tokens; ++i) {
     // Every query from the one whose window is full on has that window's block.
     const bool full = p.first + i + 1 >= p.window;

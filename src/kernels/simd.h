@@ -348,8 +348,10 @@ inline std::size_t prefill_block(const prefill_problem& p, std::size_t position)
   return q.block;
 }
 
-// A tile takes queries until their query heads (for one kv head) reach prefill_tile_heads: the
-// K and V rows of a block are loaded once for all of them.
+// A prefill tile takes queries until their query heads (of one kv head) reach prefill_tile_heads:
+// each block of K and V rows is loaded once for all of them. Zen 4 (shared, CPU time): tiles of
+// 128 heads took 0.90-1.01x the time of 64 (twice the scratch), of 32 1.01-1.05x. Re-measure:
+// build/release/bench/prefill_bench --benchmark_filter=threads:1 with the constant changed.
 inline constexpr std::size_t prefill_tile_heads = 64;
 
 /// Queries [first, first + count) of a prefill chunk (indices into it) decoded with one block.
