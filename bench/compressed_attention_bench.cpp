@@ -1,122 +1,210 @@
-// One decode step, one thread, 8 query heads over 8 or 2 kv heads, head_dim 64/128, windows of
-// 256, 4096 and 32768 positions over a wrapped ring (the attention benchmark's shapes). Variants:
-//   f32       windowed_attention::decode_step over default_kv_cache_store's zero-copy window
+// One decode step over compressed K/V against ringkv's own f16 and f32 paths, in one process:
+// 8 query heads over 8 or 2 kv heads, head_dim 64/128, the newest W = 256, 4096 or 32768
+// positions of a ring that has wrapped (1.5 W tokens appended), on 1 and 2 threads. Names
+// compressed/D:<d>/W:<w>/kv:<kv>/<variant>; a `_2` variant splits the step over a
+// default_thread_pool(2) (the caller and one worker). Variants:
+//   f32, f16  windowed_attention::decode_step over default_kv_cache_store's zero-copy window
+//             (f16 rows promoted in registers, f32 accumulation): the references
 //   tq4/3/2   compressed_kv_attention over a turboquant_kv_cache_store (key_bits = value_bits)
 //   tq4qjl    the same, keys 3 codebook bits + 1 QJL bit, values 4 bits
 //   int8      compressed_kv_attention over an int8_kv_cache_store
-// Counters: bytes_per_token = the store's physical bytes / capacity (K and V, all kv heads, one
-// layer, rotation and projection state included); bytes_per_second = the window's bytes per step.
+//   floor_int8  the int8 rows' floor: K and V bytes of the same window read in turn, each vector
+//             converted to f32 and multiplied into one chain per query head of the group, one
+//             vector exp per head and Lanes positions (bench/stream_read.h): the least an exact
+//             step over int8 rows does. Where it is slower than f16, so is any exact int8 step.
+// Every store of a shape gets the same tokens and the same query; the stores of the shape being
+// measured are kept between variants, so one process's repetitions can interleave them
+// (--benchmark_enable_random_interleaving=true; run one shape a process:
+// bench/compressed_targets.py does, and takes each ratio to f16 within one process).
+// Counters: bytes_per_token = the store's physical bytes / W (K and V, all kv heads, one layer,
+// rotations and QJL projections included); kv_bytes = the bytes of the window the step reads.
 // Only a release build's numbers mean anything.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include "stream_read.h"
 
 import ringkv;
 
 namespace {
 
 constexpr std::size_t q_heads = 8;
-enum variant { f32, tq4, tq3, tq2, tq4qjl, int8, variants };
-const char* const names[] = {"f32", "tq4", "tq3", "tq2", "tq4qjl", "int8"};
+enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, kinds };
+constexpr std::array<const char*, kinds> names = {"f32", "f16",    "tq4",  "tq3",
+                                                  "tq2", "tq4qjl", "int8", "floor_int8"};
 
-std::unique_ptr<ringkv::kv_cache_store> make(variant v, const ringkv::kv_cache_config& c) {
+struct shape {
+  std::size_t dim, window, kv_heads;
+  auto key() const { return std::tuple(dim, window, kv_heads); }
+};
+
+std::unique_ptr<ringkv::kv_cache_store> make(kind k, const shape& s) {
+  const ringkv::kv_cache_config c{
+      .layers = 1, .kv_heads = s.kv_heads, .head_dim = s.dim, .capacity = s.window};
   const ringkv::store_options ring{.sliding_window = true};
-  auto tq = [&](unsigned k, unsigned val, bool qjl) {
+  auto tq = [&](unsigned bits, bool qjl) {
     return std::make_unique<ringkv::turboquant_kv_cache_store>(
-        c, ringkv::turboquant_options{.key_bits = k, .value_bits = val, .qjl = qjl}, ring);
+        c, ringkv::turboquant_options{.key_bits = bits, .value_bits = bits, .qjl = qjl}, ring);
   };
-  switch (v) {
+  switch (k) {
     case f32:
       return std::make_unique<ringkv::default_kv_cache_store>(c, ring);
+    case f16: {
+      ringkv::kv_cache_config h = c;
+      h.key_type = h.value_type = ringkv::dtype::f16;
+      return std::make_unique<ringkv::default_kv_cache_store>(h, ring);
+    }
     case tq4:
-      return tq(4, 4, false);
+      return tq(4, false);
     case tq3:
-      return tq(3, 3, false);
+      return tq(3, false);
     case tq2:
-      return tq(2, 2, false);
+      return tq(2, false);
     case tq4qjl:
-      return tq(4, 4, true);
+      return tq(4, true);
     default:
       return std::make_unique<ringkv::int8_kv_cache_store>(c, ring);
   }
 }
 
-/// The store being measured, filled with 1.5 W random tokens so its window wraps; kept between
-/// the benchmark's calls of the same case (building a 32768-position store takes a while).
-ringkv::kv_cache_store& store_for(variant v, std::size_t d, std::size_t w, std::size_t kv) {
-  static std::unique_ptr<ringkv::kv_cache_store> store;
-  static std::string built;
-  const std::string key = std::to_string(v) + "/" + std::to_string(d) + "/" + std::to_string(w) +
-                          "/" + std::to_string(kv);
-  if (built != key) {
-    store.reset();
-    store = make(v, {.layers = 1, .kv_heads = kv, .head_dim = d, .capacity = w});
-    std::mt19937 rng(1);
-    std::normal_distribution<float> normal;
-    std::vector<float> k(kv * d), val(kv * d);
-    for (std::size_t t = 0; t < w + w / 2; ++t) {
-      for (float& x : k) x = normal(rng);
-      for (float& x : val) x = normal(rng);
-      store->append(0, k, val);
-    }
-    built = key;
+/// Uniform values in [-1, 1) from a fixed seed (cheap: a 32768-position shape appends 49,152
+/// tokens to each store).
+struct uniform {
+  std::uint32_t x;
+  float operator()() { return (x = x * 1664525u + 1013904223u) * 0x1.0p-31f - 1.0f; }
+};
+
+/// The stores of the shape being measured, each built and filled on first use with the same
+/// 1.5 W tokens (so its window wraps); one shape at a time keeps the largest from piling up.
+ringkv::kv_cache_store& store_for(kind k, const shape& s) {
+  static std::array<std::unique_ptr<ringkv::kv_cache_store>, kinds> stores;
+  static std::tuple<std::size_t, std::size_t, std::size_t> current{};
+  if (current != s.key()) {
+    for (auto& st : stores) st.reset();
+    current = s.key();
   }
-  return *store;
+  if (!stores[k]) {
+    stores[k] = make(k, s);
+    uniform next{12345};
+    std::vector<float> key(s.kv_heads * s.dim), value(key.size());
+    for (std::size_t t = 0; t < s.window + s.window / 2; ++t) {
+      for (float& x : key) x = next();
+      for (float& x : value) x = next();
+      stores[k]->append(0, key, value);
+    }
+  }
+  return *stores[k];
 }
 
-void decode_step(benchmark::State& state) {
-  const auto v = variant(state.range(0));
-  const std::size_t d = state.range(1), w = state.range(2), kv = state.range(3);
-  ringkv::kv_cache_store& s = store_for(v, d, w, kv);
-  std::mt19937 rng(2);
-  std::normal_distribution<float> normal;
-  std::vector<float> q(q_heads * d), out(q.size());
-  for (float& x : q) x = normal(rng);
-  const std::size_t n = s.length(0), from = n - w;
-  const auto report = s.memory();
-  if (v == f32) {
-    const auto& st = static_cast<const ringkv::default_kv_cache_store&>(s);
-    const ringkv::windowed_kv keys = st.key_window(0, from, n),
-                              values = st.value_window(0, from, n);
-    const ringkv::windowed_attention attention;
+/// The pool of the two-thread variants.
+ringkv::thread_pool& pool_of_two() {
+  static ringkv::default_thread_pool pool(2);
+  return pool;
+}
+
+/// The floor's int8 K and V of the shape: [kv_heads, W, head_dim] each, values in [-127, 127].
+struct int8_rows {
+  std::vector<std::int8_t> k, v;
+  explicit int8_rows(const shape& s) : k(s.kv_heads * s.window * s.dim), v(k.size()) {
+    uniform next{99};
+    for (auto* a : {&k, &v})
+      for (std::int8_t& x : *a) x = std::int8_t(127.0f * next());
+  }
+};
+
+/// The floor over `rows`, on 1 thread or split in two halves of K and V across the pool.
+float int8_floor(const int8_rows& rows, const shape& s, std::size_t threads) {
+  const std::size_t n = rows.k.size(), group = q_heads / s.kv_heads;
+  if (threads == 1)
+    return ringkv_bench::stream_fma_exp_pair_int8(rows.k.data(), rows.v.data(), n, group, s.dim);
+  float sums[2] = {};
+  pool_of_two().parallel_for(2, [&](std::size_t t) {
+    const std::size_t from = t * n / 2;
+    sums[t] = ringkv_bench::stream_fma_exp_pair_int8(rows.k.data() + from, rows.v.data() + from,
+                                                     n / 2, group, s.dim);
+  });
+  return sums[0] + sums[1];
+}
+
+/// The fastest repetition: on a machine shared with other work, the least disturbed one.
+double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) {
+  if (k == floor_int8) {
+    static std::unique_ptr<int8_rows> cached;
+    static std::tuple<std::size_t, std::size_t, std::size_t> cached_shape{};
+    if (!cached || cached_shape != s.key()) {
+      cached.reset();
+      cached = std::make_unique<int8_rows>(s);
+      cached_shape = s.key();
+    }
+    const int8_rows& rows = *cached;
+    for (auto _ : state) benchmark::DoNotOptimize(int8_floor(rows, s, threads));
+    state.counters["kv_bytes"] = double(2 * rows.k.size());
+    return;
+  }
+  ringkv::kv_cache_store& st = store_for(k, s);
+  uniform next{777};
+  std::vector<float> q(q_heads * s.dim), out(q.size());
+  for (float& x : q) x = 2.0f * next();
+  const std::size_t n = st.length(0), from = n - s.window;
+  const ringkv::attention_options options{.pool = threads > 1 ? &pool_of_two() : nullptr};
+  std::size_t bytes = 0;
+  if (k == f32 || k == f16) {
+    const auto& d = static_cast<const ringkv::default_kv_cache_store&>(st);
+    const ringkv::windowed_kv keys = d.key_window(0, from, n), values = d.value_window(0, from, n);
+    const ringkv::windowed_attention attention(options);
+    attention.decode_step(q, keys, values, out);  // grows the split scratch once
     for (auto _ : state) {
       attention.decode_step(q, keys, values, out);
       benchmark::DoNotOptimize(out.data());
     }
+    bytes = 2 * s.window * s.kv_heads * s.dim * ringkv::size_of(d.config().key_type);
   } else {
-    const auto& st = static_cast<const ringkv::compressed_kv_cache_store&>(s);
-    const ringkv::compressed_window keys = st.compressed_key_window(0, from, n),
-                                    values = st.compressed_value_window(0, from, n);
-    const ringkv::compressed_kv_attention attention;
+    const auto& c = static_cast<const ringkv::compressed_kv_cache_store&>(st);
+    const ringkv::compressed_window keys = c.compressed_key_window(0, from, n),
+                                    values = c.compressed_value_window(0, from, n);
+    const ringkv::compressed_kv_attention attention(options);
     for (auto _ : state) {
       attention.decode_step(q, keys, values, out);
       benchmark::DoNotOptimize(out.data());
     }
+    bytes = st.memory().physical_bytes;
   }
-  const double per_token = double(report.physical_bytes) / double(w);
-  state.counters["bytes_per_token"] = per_token;
-  state.counters["bytes_per_second"] = benchmark::Counter(
-      per_token * double(w) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(names[v]);
+  state.counters["bytes_per_token"] = double(st.memory().physical_bytes) / double(s.window);
+  state.counters["kv_bytes"] = double(bytes);
+  state.SetLabel(std::string(ringkv::kernels::target_name()));
 }
-
-void shapes(benchmark::internal::Benchmark* b) {
-  for (long d : {64, 128})
-    for (long w : {256, 4096, 32768})
-      for (long kv : {8, 2})
-        for (long v = 0; v < variants; ++v) b->Args({v, d, w, kv});
-  b->ArgNames({"variant", "dim", "window", "kv_heads"});
-  b->Unit(benchmark::kMicrosecond);
-}
-
-BENCHMARK(decode_step)->Apply(shapes);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  for (std::size_t dim : {64, 128})
+    for (std::size_t window : {256, 4096, 32768})
+      for (std::size_t kv : {8, 2}) {
+        const std::string name = "compressed/D:" + std::to_string(dim) +
+                                 "/W:" + std::to_string(window) + "/kv:" + std::to_string(kv) + "/";
+        for (std::size_t threads : {1, 2})
+          for (std::size_t k = 0; k < kinds; ++k)
+            benchmark::RegisterBenchmark(
+                (name + names[k] + (threads == 2 ? "_2" : "")).c_str(),
+                [k, s = shape{dim, window, kv}, threads](benchmark::State& state) {
+                  decode_step(state, kind(k), s, threads);
+                })
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime()
+                ->ComputeStatistics("min", fastest);
+      }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 # ggml's CPU flash attention on this machine type, hot cache, 8 query heads (issues 4 and 8),
 # µs per step: (D, W, kv_heads, type) -> (1 thread, 2 threads).
@@ -69,19 +70,37 @@ def load(path, pattern, key_of, runs):
     return doc.get("context", {})
 
 
+def run_interleaved(bench, pattern, reps, min_time, load_into):
+    """Runs `bench` once over the benchmarks matching `pattern`, `reps` interleaved repetitions
+    each (aggregates only), and returns load_into(path of its JSON output) (exits on failure)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        done = subprocess.run([bench, f"--benchmark_filter={pattern}",
+                               f"--benchmark_repetitions={reps}",
+                               "--benchmark_enable_random_interleaving=true",
+                               "--benchmark_report_aggregates_only=true",
+                               f"--benchmark_min_time={min_time}", f"--benchmark_out={out.name}",
+                               "--benchmark_out_format=json"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{bench} failed ({done.returncode}) on {pattern}:\n{done.stderr}")
+        return load_into(out.name)
+
+
+def l2_bytes(context):
+    """The L2 bytes a core in a Google Benchmark JSON's context (0 when it says nothing)."""
+    return max((c["size"] for c in context.get("caches", []) if c.get("level") == 2), default=0)
+
+
 def load_attention(path, runs):
     return load(path, r"decode/D:(\d+)/W:(\d+)/kv:(\d+)/(\w+)",
                 lambda m: (int(m[1]), int(m[2]), int(m[3]), m[4]), runs)
 
 
 def load_compressed(path, runs):
-    """compressed_attention_bench's variant 1 (TurboQuant 4-bit keys and values) as "tq4", its
-    bytes from the store's bytes_per_token; no roof of its own (x_roof left out)."""
-    before = set(runs)
-    load(path, r"decode_step/variant:(\d+)/dim:(\d+)/window:(\d+)/kv_heads:(\d+)",
-         lambda m: (int(m[2]), int(m[3]), int(m[4]), "tq4") if m[1] == "1" else None, runs)
-    for key in set(runs) - before:
-        runs[key]["kv_bytes"] = runs[key]["bytes_per_token"] * key[1]
+    """compressed_attention_bench's tq4 (TurboQuant 4-bit keys and values, 1 thread) as "tq4",
+    its bytes from the store's (kv_bytes); no roof of its own (x_roof left out)."""
+    load(path, r"compressed/D:(\d+)/W:(\d+)/kv:(\d+)/tq4/",
+         lambda m: (int(m[1]), int(m[2]), int(m[3]), "tq4"), runs)
 
 
 def fastest_roofs(runs):

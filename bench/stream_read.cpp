@@ -69,6 +69,13 @@ HWY_INLINE hn::Vec<DF> PairedVector(DF d, const hwy::float16_t* a, const hwy::fl
   return hn::PromoteTo(d, hn::LoadU(dh, PairedAt(d, a, b, i, k)));
 }
 
+HWY_INLINE hn::Vec<DF> PairedVector(DF d, const std::int8_t* a, const std::int8_t* b, std::size_t i,
+                                    std::size_t k) {
+  const hn::Rebind<std::int8_t, DF> d8;
+  const hn::Rebind<std::int32_t, DF> di;
+  return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, PairedAt(d, a, b, i, k))));
+}
+
 /// Four vectors of each array in turn: two streams in flight at once.
 float StreamReadPairImpl(const float* a, const float* b, std::size_t n) {
   const DF d;
@@ -168,6 +175,11 @@ float FmaPeakImpl(std::size_t repeats) {
 
 std::size_t FmaLanesImpl() { return hn::Lanes(DF()); }
 
+float StreamFmaExpPairInt8Impl(const std::int8_t* a, const std::int8_t* b, std::size_t n,
+                               std::size_t group, std::size_t head_dim) {
+  return StreamFmaPairGroup<true>(a, b, n, group, head_dim);
+}
+
 }  // namespace ringkv_bench::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -182,6 +194,11 @@ HWY_EXPORT(FmaPeakImpl);
 HWY_EXPORT(FmaLanesImpl);
 float fma_chains(std::size_t repeats) { return HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(repeats); }
 std::size_t fma_lanes() { return HWY_DYNAMIC_DISPATCH(FmaLanesImpl)(); }
+HWY_EXPORT(StreamFmaExpPairInt8Impl);
+float stream_fma_exp_pair_int8(const std::int8_t* a, const std::int8_t* b, std::size_t n,
+                               std::size_t group, std::size_t head_dim) {
+  return HWY_DYNAMIC_DISPATCH(StreamFmaExpPairInt8Impl)(a, b, n, group, head_dim);
+}
 float stream_fma_exp_pair(const float* a, const float* b, std::size_t n, std::size_t group,
                           std::size_t head_dim) {
   return HWY_DYNAMIC_DISPATCH(StreamFmaExpPairImpl)(a, b, n, group, head_dim);

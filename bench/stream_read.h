@@ -25,4 +25,8 @@ float stream_fma_pair_f16(const std::uint16_t* a, const std::uint16_t* b, std::s
 float fma_chains(std::size_t repeats);
 /// f32 lanes of the vectors fma_chains runs on (the dispatched target's); O(1).
 std::size_t fma_lanes();
+/// stream_fma_exp_pair over n int8 elements of each array, each vector converted to f32 first:
+/// the floor of an exact step over int8 rows (their per-row scales left out); O(n·group).
+float stream_fma_exp_pair_int8(const std::int8_t* a, const std::int8_t* b, std::size_t n,
+                               std::size_t group, std::size_t head_dim);
 }  // namespace ringkv_bench

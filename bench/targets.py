@@ -22,12 +22,11 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import GGML_US, fastest_roofs, load_attention, micros  # noqa: E402
+from report import (GGML_US, fastest_roofs, l2_bytes, load_attention, micros,  # noqa: E402
+                    run_interleaved)
 
 GRID = [(d, w, kv) for d in (64, 128) for w in (256, 4096, 32768) for kv in (8, 2)]
 # (step, its floor, its roof, threads, rows): the roof is the faster of the name's two reads.
@@ -43,20 +42,10 @@ def run_shape(bench, shape, reps, min_time):
     process's L2 bytes a core (from the JSON's context)."""
     d, w, kv = shape
     pattern = f"^decode/D:{d}/W:{w}/kv:{kv}/({'|'.join(VARIANTS)})/"
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        done = subprocess.run([bench, f"--benchmark_filter={pattern}",
-                               f"--benchmark_repetitions={reps}",
-                               "--benchmark_enable_random_interleaving=true",
-                               "--benchmark_report_aggregates_only=true",
-                               f"--benchmark_min_time={min_time}", f"--benchmark_out={out.name}",
-                               "--benchmark_out_format=json"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{bench} failed ({done.returncode}) on {shape}:\n{done.stderr}")
-        runs = {}
-        context = load_attention(out.name, runs)
+    runs = {}
+    context = run_interleaved(bench, pattern, reps, min_time, lambda path: load_attention(path, runs))
     fastest_roofs(runs)
-    l2 = max((c["size"] for c in context.get("caches", []) if c.get("level") == 2), default=0)
+    l2 = l2_bytes(context)
     return {k[3]: v for k, v in runs.items()}, l2
 
 

@@ -103,19 +103,25 @@ struct compressed_format {
   std::size_t rotation_floats = 0;     // head_dim (Hadamard) or head_dim² per head
   bool hadamard = false;               // head_dim is a power of two
   const float* projections = nullptr;  // [heads][head_dim][head_dim] S (qjl)
+  // Codes and sign bits in slot groups (TurboQuant keys: 32 slots a group, stored by coordinate
+  // for the kernel's byte-shuffle lookups; src/quant/quant_codec.h) instead of rows.
+  bool grouped = false;
 };
 
-/// One run of compressed rows: `positions` consecutive positions of every head. Row (h, i) is at
-/// codes + (h·head_stride + i)·code_bytes; its scale (turboquant: ‖x‖, int8: absmax/127) at
-/// scales[h·head_stride + i]; with qjl its sign bits at signs + (h·head_stride + i)·sign_bytes
-/// and its residual norm at residual_norms[h·head_stride + i].
+/// One run of compressed rows: `positions` consecutive positions of every head, in slots
+/// [first_slot, first_slot + positions). The pointers are the side's buffers (head 0, slot 0):
+/// row (h, i) is slot first_slot + i of head h, index r = h·head_stride + first_slot + i; its
+/// scale (turboquant: ‖x‖, int8: absmax/127) is scales[r], with qjl its residual norm
+/// residual_norms[r]; its codes (and sign bits) are at codes + r·code_bytes (signs +
+/// r·sign_bytes), or, grouped, in the slot group r / 32 of group_bytes each.
 struct compressed_view {
   const std::byte* codes = nullptr;
   const float* scales = nullptr;
   const std::byte* signs = nullptr;
   const float* residual_norms = nullptr;
   std::size_t positions = 0;
-  std::size_t head_stride = 0;  // rows from one head to the next (the store's capacity)
+  std::size_t head_stride = 0;  // slots from one head to the next
+  std::size_t first_slot = 0;
 };
 
 /// A compressed run and the absolute position of its first row.
@@ -194,9 +200,10 @@ class compressed_kv_cache_store : public slotted_kv_cache_store {
             std::span<float> out) const;
 };
 
-/// A TurboQuant store: per layer and side traced buffers of bit-packed codes [kv_heads][capacity]
-/// and f32 norms (with qjl, keys also sign bits and f32 residual norms), plus per layer the
-/// rotation states (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
+/// A TurboQuant store: per layer and side traced buffers of bit-packed codes and f32 norms (with
+/// qjl, keys also sign bits and f32 residual norms), [kv_heads][capacity rounded up to 32 slots],
+/// the keys' codes and signs in slot groups (compressed_format::grouped), the values' in rows;
+/// plus per layer the rotation states (one per kv head, shared by K and V) and QJL projections. Norms are f32: they scale
 /// every coordinate of a row, so their error would be a bias, and f16 overflows at 65504; at
 /// head_dim 128 and 4 bits they cost 4 of 68 bytes a row. Same slots, ring, keep, slack,
 /// truncate and refusals as default_kv_cache_store. Nothing is allocated after construction.
@@ -282,9 +289,9 @@ class int8_kv_cache_store final : public compressed_kv_cache_store {
 namespace ringkv::detail {
 // Decodes every row of `w` into out [heads, w.length(), head_dim] (sized by the caller).
 void decode_window(const compressed_window& w, std::span<float> out) noexcept;
-// Builds compressed runs from slot runs over side buffers laid out [heads][capacity].
+// Builds compressed runs from slot runs over side buffers laid out [heads][head_stride].
 compressed_window window_over(const compressed_format& format,
                               std::span<const slotted_kv_cache_store::slot_run> slots,
-                              std::size_t capacity, const std::byte* codes, const float* scales,
+                              std::size_t head_stride, const std::byte* codes, const float* scales,
                               const std::byte* signs, const float* residual_norms);
 }  // namespace ringkv::detail

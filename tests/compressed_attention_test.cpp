@@ -128,6 +128,8 @@ const variant variants[] = {{"turboquant 2-bit", tq<2, 2, false>},
 
 BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_rows) {
   // The kernel's own arithmetic, apart from quantization: against the rows the store reads back.
+  // int8 to f32 rounding; TurboQuant within its keys' 8-bit score tables (a score off by at most
+  // half a table step a coordinate; the attention output by about 1 %).
   for (std::size_t d : {64u, 96u, 128u, 5u})
     for (const variant& v : variants) {
       const std::size_t kv_heads = 2, q_heads = 8, n = 150;
@@ -137,11 +139,62 @@ BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_
       const auto q = gaussian(rng, q_heads * d);
       const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n), kv_heads,
                                   d, 1.0f / std::sqrt(float(d)));
+      const bool exact = std::string(v.name) == "int8";
       for_each_target([&](const char* target) {
         const double e = relative_error(attend(*s, q, 0, n), want);
-        BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) { BOOST_TEST(e < 2e-6); }
+        BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) {
+          BOOST_TEST(e < (exact ? 2e-6 : 0.03));
+        }
       });
     }
+}
+
+BOOST_AUTO_TEST_CASE(score_tables_add_at_most_a_tenth_to_the_exact_codebooks_error) {
+  // Per bit width, the attention output's error against the f32 store's (double references over
+  // 8 queries, peaked like real attention): the exact-codebook step's (the double reference over
+  // the dequantized rows, which an exact kernel meets to f32 rounding) and this kernel's, whose
+  // key scores come from 8-bit tables. Issue 55 allows 10 % more error at 4 bits.
+  for (std::size_t d : {64u, 128u}) {
+    const std::size_t kv_heads = 2, q_heads = 8, n = 512;
+    ringkv::default_kv_cache_store f32(shape(d, n, kv_heads));
+    fill({&f32}, n, 47);
+    const auto k0 = read_all(f32, true, 0, n), v0 = read_all(f32, false, 0, n);
+    const float scale = 1.0f / std::sqrt(float(d));
+    // Scores spread by about 1, 2 and 4 (softmax flat over the window to peaked on a few
+    // keys), and queries that resemble one key (one-hot).
+    std::mt19937 rng(53);
+    std::vector<std::vector<float>> queries;
+    for (float sigma : {1.0f, 2.0f, 4.0f})
+      for (int i = 0; i < 4; ++i) queries.push_back(gaussian(rng, q_heads * d, sigma));
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> q = gaussian(rng, q_heads * d, 0.5f);
+      for (std::size_t h = 0; h < q_heads; ++h)
+        for (std::size_t j = 0; j < d; ++j)
+          q[h * d + j] += 2.0f * k0[(h / 4 * n + (31 * h + 97 * i) % n) * d + j];
+      queries.push_back(q);
+    }
+    for (const variant& v : variants) {
+      auto s = v.make(shape(d, n, kv_heads), {});
+      fill({s.get()}, n, 47);
+      const auto kq = read_all(*s, true, 0, n), vq = read_all(*s, false, 0, n);
+      double e_exact = 0, e_kernel = 0, e_table = 0;  // mean relative errors over the queries
+      for (const auto& q : queries) {
+        const auto want = reference(q, k0, v0, kv_heads, d, scale);
+        const auto codebook = reference(q, kq, vq, kv_heads, d, scale);
+        const auto got = attend(*s, q, 0, n);
+        e_exact += relative_error(std::vector<float>(codebook.begin(), codebook.end()), want);
+        e_kernel += relative_error(got, want);
+        e_table += relative_error(got, codebook);
+      }
+      e_exact /= double(queries.size());
+      e_kernel /= double(queries.size());
+      e_table /= double(queries.size());
+      BOOST_TEST_MESSAGE("D " << d << ", " << v.name << ": error vs f32, exact codebook " << e_exact
+                              << ", this kernel " << e_kernel << " (x" << e_kernel / e_exact
+                              << "); against the exact codebook " << e_table);
+      BOOST_TEST_CONTEXT(v.name << ", D " << d) { BOOST_TEST(e_kernel <= 1.10 * e_exact); }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(error_against_the_f32_store_falls_as_bits_grow) {
@@ -227,6 +280,63 @@ BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_c
   BOOST_TEST(counter.calls() == 0u);
   BOOST_TEST(rec.emitted() == 0u);
   BOOST_TEST(std::isfinite(out[0]));
+}
+
+BOOST_AUTO_TEST_CASE(a_pool_splits_a_step_by_query_heads_with_the_bits_of_one_thread) {
+  // 2 threads take whole kv heads (kv 8, 2) or share one kv head's group (kv 1, 3 query heads
+  // a kv head); 3 threads split groups unevenly. Every head's bits must be those of one call.
+  ringkv::default_thread_pool two(2), three(3);
+  std::size_t compared = 0;
+  for (std::size_t d : {64u, 128u, 40u})
+    for (std::size_t kv : {8u, 2u, 1u, 3u})
+      for (const variant& v : variants) {
+        const std::size_t q_heads = kv == 3 ? 9 : 8, n = 300;
+        auto s = v.make(shape(d, n, kv), {.sliding_window = true});
+        fill({s.get()}, n + 77, 31);
+        std::mt19937 rng(37);
+        const auto q = gaussian(rng, q_heads * d);
+        const std::vector<float> sinks(q_heads, 0.25f);
+        const std::size_t end = s->length(0), from = end - n;
+        const auto k = s->compressed_key_window(0, from, end);
+        const auto val = s->compressed_value_window(0, from, end);
+        for_each_target([&](const char* target) {
+          std::vector<float> one(q.size()), a(q.size(), 1.0f), b(q.size(), 2.0f);
+          ringkv::compressed_kv_attention().decode_step(q, k, val, one, 0.0f, sinks);
+          ringkv::compressed_kv_attention({.pool = &two}).decode_step(q, k, val, a, 0.0f, sinks);
+          ringkv::compressed_kv_attention({.pool = &three}).decode_step(q, k, val, b, 0.0f, sinks);
+          BOOST_TEST_CONTEXT(v.name << ", D " << d << ", kv " << kv << ", " << target) {
+            BOOST_TEST(std::memcmp(one.data(), a.data(), a.size() * sizeof(float)) == 0);
+            BOOST_TEST(std::memcmp(one.data(), b.data(), b.size() * sizeof(float)) == 0);
+          }
+          ++compared;
+        });
+      }
+  BOOST_TEST(compared >= 60u);
+}
+
+BOOST_AUTO_TEST_CASE(pooled_steps_over_a_wrapped_compressed_ring_allocate_nothing) {
+  ringkv::default_thread_pool pool(2);
+  for (const variant& v : variants) {
+    const kv_cache_config c = shape(128, 2048, 2);
+    auto s = v.make(c, {.sliding_window = true, .keep = 4});
+    fill({s.get()}, 3000, 41);
+    const ringkv::compressed_kv_attention attention({.pool = &pool});
+    std::mt19937 rng(43);
+    const auto q = gaussian(rng, 8 * 128), k = gaussian(rng, 256), val = gaussian(rng, 256);
+    std::vector<float> out(q.size());
+    const auto step = [&] {
+      const std::size_t p = s->append(0, k, val);
+      const auto w = s->query_window(p);
+      attention.decode_step(q, s->compressed_key_window(0, w.from, w.to),
+                            s->compressed_value_window(0, w.from, w.to), out);
+    };
+    step();  // the pool's first call may set up what its workers keep
+    const ringkv_test::new_counter counter;
+    for (int i = 0; i < 8; ++i) step();
+    const std::uint64_t calls = counter.calls();  // before the context's message allocates
+    BOOST_TEST_CONTEXT(v.name) { BOOST_TEST(calls == 0u); }
+    BOOST_TEST(std::isfinite(out[0]));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {

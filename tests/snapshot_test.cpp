@@ -25,6 +25,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "quant/quant_codec.h"
+
 import ringkv;
 
 #include "store_support.hpp"
@@ -90,24 +92,38 @@ bool same_window(const ringkv::windowed_kv& a, const ringkv::storage& a_buf,
 bool same_compressed(const ringkv::compressed_window& a, const ringkv::compressed_window& b) {
   const auto &f = a.format(), &g = b.format();
   if (a.runs().size() != b.runs().size() || f.code_bytes != g.code_bytes || f.qjl != g.qjl ||
-      f.bits != g.bits || f.sign_bytes != g.sign_bytes)
+      f.bits != g.bits || f.sign_bytes != g.sign_bytes || f.grouped != g.grouped)
     return false;
+  const ringkv::codec::rows_format fa = ringkv::codec::format_of(f);
   for (std::size_t i = 0; i < a.runs().size(); ++i) {
     const auto &x = a.runs()[i], &y = b.runs()[i];
-    if (a.run_first_position(i) != b.run_first_position(i) || x.positions != y.positions)
+    if (a.run_first_position(i) != b.run_first_position(i) || x.positions != y.positions ||
+        x.first_slot != y.first_slot)
       return false;
-    for (std::size_t h = 0; h < f.heads; ++h) {
-      const std::size_t rx = h * x.head_stride, ry = h * y.head_stride;
-      if (std::memcmp(x.codes + rx * f.code_bytes, y.codes + ry * f.code_bytes,
-                      x.positions * f.code_bytes) != 0 ||
-          std::memcmp(x.scales + rx, y.scales + ry, x.positions * sizeof(float)) != 0)
-        return false;
-      if (f.qjl && (std::memcmp(x.signs + rx * f.sign_bytes, y.signs + ry * f.sign_bytes,
-                                x.positions * f.sign_bytes) != 0 ||
-                    std::memcmp(x.residual_norms + rx, y.residual_norms + ry,
-                                x.positions * sizeof(float)) != 0))
-        return false;
-    }
+    const auto rx = ringkv::codec::run_of(x, 0), ry = ringkv::codec::run_of(y, 0);
+    for (std::size_t h = 0; h < f.heads; ++h)
+      for (std::size_t p = 0; p < x.positions; ++p) {
+        const std::size_t ix = h * x.head_stride + x.first_slot + p;
+        const std::size_t iy = h * y.head_stride + y.first_slot + p;
+        if (std::memcmp(x.scales + ix, y.scales + iy, sizeof(float)) != 0) return false;
+        if (f.qjl && std::memcmp(x.residual_norms + ix, y.residual_norms + iy, sizeof(float)) != 0)
+          return false;
+        if (f.kind == ringkv::compression::int8) {
+          if (std::memcmp(x.codes + ix * f.code_bytes, y.codes + iy * f.code_bytes, f.code_bytes) !=
+              0)
+            return false;
+          continue;
+        }
+        const ringkv::codec::row_reader cx(fa, x.codes, f.bits, f.code_bytes, h, rx, p);
+        const ringkv::codec::row_reader cy(fa, y.codes, f.bits, f.code_bytes, h, ry, p);
+        for (std::size_t c = 0; c < f.head_dim; ++c)
+          if (cx(c) != cy(c)) return false;
+        if (!f.qjl) continue;
+        const ringkv::codec::row_reader sx(fa, x.signs, 1, f.sign_bytes, h, rx, p);
+        const ringkv::codec::row_reader sy(fa, y.signs, 1, f.sign_bytes, h, ry, p);
+        for (std::size_t c = 0; c < f.head_dim; ++c)
+          if (sx(c) != sy(c)) return false;
+      }
   }
   return true;
 }

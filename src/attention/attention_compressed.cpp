@@ -58,6 +58,11 @@ void check_windows(const compressed_window& keys, const compressed_window& value
            "] but values are [" + str(values.heads()) + " heads, head_dim " +
            str(values.head_dim()) + "]");
   if (values.format().qjl) refuse("values carry QJL sketches; only keys may");
+  const compressed_format &kf = keys.format(), &vf = values.format();
+  if (kf.kind == compression::turboquant && !kf.grouped)
+    refuse("TurboQuant keys must be in slot groups (compressed_format::grouped)");
+  if (vf.grouped || (vf.kind == compression::turboquant && (vf.bits < 2 || vf.bits > 4)))
+    refuse("values must be rows of 2- to 4-bit TurboQuant codes or int8 codes");
   if (keys.head_dim() > compressed_kv_attention::max_head_dim)
     refuse("head_dim " + str(keys.head_dim()) + " exceeds max_head_dim " +
            str(compressed_kv_attention::max_head_dim));
@@ -80,12 +85,24 @@ std::size_t window_bytes(const compressed_window& w) {
   return w.length() * w.heads() * per_row;
 }
 
+// How many tasks a step is split into: one a thread, each an even share of the query heads
+// (whole kv heads when the threads divide them), none below kernels::min_split_work
+// multiply-adds, where handing work to the pool costs about what it saves.
+std::size_t tasks(const simd::compressed_problem& p, thread_pool* pool) {
+  if (pool == nullptr || pool->size() <= 1) return 1;
+  std::size_t positions = 0;
+  for (std::size_t r = 0; r < p.keys.run_count; ++r) positions += p.keys.runs[r].count;
+  if (p.q_heads * positions * p.head_dim < kernels::min_split_work) return 1;
+  return std::min(pool->size(), p.q_heads);
+}
+
 }  // namespace
 
-compressed_kv_attention::compressed_kv_attention() noexcept : sink_(&trace::null_sink()) {}
+compressed_kv_attention::compressed_kv_attention() noexcept
+    : compressed_kv_attention(attention_options{}) {}
 
 compressed_kv_attention::compressed_kv_attention(attention_options options) noexcept
-    : sink_(options.sink ? options.sink : &trace::null_sink()) {}
+    : sink_(options.sink ? options.sink : &trace::null_sink()), pool_(options.pool) {}
 
 void compressed_kv_attention::decode_step(std::span<const float> query,
                                           const compressed_window& keys,
@@ -103,10 +120,20 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
   p.head_dim = keys.head_dim();
   p.q_heads = query.size() / p.head_dim;
   p.scale = resolved;
+  p.q_last = p.q_heads;
   const float* s = sinks.empty() ? nullptr : sinks.data();
+  const std::size_t n = tasks(p, pool_);
   detail::traced(*sink_, "attention.compressed_decode_step",
                  window_bytes(keys) + window_bytes(values) + query.size_bytes(), out.size_bytes(),
-                 [&] { simd::compressed_decode(p, s, out.data()); });
+                 [&] {
+                   if (n == 1) return simd::compressed_decode(p, s, out.data());
+                   pool_->parallel_for(n, [&](std::size_t t) {
+                     simd::compressed_problem share = p;
+                     share.q_first = t * p.q_heads / n;
+                     share.q_last = (t + 1) * p.q_heads / n;
+                     simd::compressed_decode(share, s, out.data());
+                   });
+                 });
 }
 
 }  // namespace ringkv

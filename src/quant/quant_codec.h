@@ -12,23 +12,27 @@ struct rows_format {
   bool int8 = false;
   std::size_t heads = 0, head_dim = 0;
   unsigned bits = 0;           // codebook bits per coordinate
-  std::size_t code_bytes = 0;  // per row, LSB-first bit stream
+  std::size_t code_bytes = 0;  // per row, LSB-first bit stream (rows layout)
   bool qjl = false;
-  std::size_t sign_bytes = 0;        // per row when qjl
+  std::size_t sign_bytes = 0;        // per row when qjl (rows layout)
   const float* centroids = nullptr;  // 2^bits
   const float* rotations = nullptr;  // [heads][rotation_floats]
   std::size_t rotation_floats = 0;   // head_dim (Hadamard signs ±1/√d) or head_dim²
   bool hadamard = false;
   const float* projections = nullptr;  // [heads][head_dim][head_dim] when qjl
+  bool grouped = false;                // codes and signs in slot groups (see group_bytes)
 };
 
-/// Rows of positions [first, first + count) of every head; row (h, i) at index h·head_stride + i.
+/// Positions [first, first + count) of every head, in slots [slot, slot + count); row (h, i) is
+/// slot + i of head h, at index h·head_stride + slot + i of the scales and residual norms, and
+/// of the codes and signs (rows layout: row_bytes each; groups: see group_bytes). The pointers
+/// are the side's buffers (head 0, slot 0).
 struct rows_run {
   const std::byte* codes = nullptr;
   const float* scales = nullptr;
   const std::byte* signs = nullptr;
   const float* residual_norms = nullptr;
-  std::size_t first = 0, count = 0, head_stride = 0;
+  std::size_t first = 0, count = 0, head_stride = 0, slot = 0;
 };
 
 /// The plain format of a ringkv::compressed_format (a template, so this header needs no module).
@@ -45,13 +49,102 @@ rows_format format_of(const Format& f) noexcept {
                      f.rotations,
                      f.rotation_floats,
                      f.hadamard,
-                     f.projections};
+                     f.projections,
+                     f.grouped};
 }
 
 /// The plain run of a ringkv::compressed_view whose first row is at absolute position `first`.
 template <class View>
 rows_run run_of(const View& v, std::size_t first) noexcept {
-  return rows_run{v.codes, v.scales, v.signs, v.residual_norms, first, v.positions, v.head_stride};
+  return rows_run{v.codes, v.scales,    v.signs,       v.residual_norms,
+                  first,   v.positions, v.head_stride, v.first_slot};
+}
+
+// The slot-group layout of TurboQuant keys (codes and QJL signs), read by the kernels' fast scan
+// (quant_simd.cpp): a head's slots are taken 32 at a time, and a group's codes are stored by
+// coordinate in 16-byte units, the code of slot b (b < 16) in byte b's low nibble and that of
+// slot b + 16 in its high nibble, so that one byte shuffle looks up 16 slots' codes at once.
+// A nibble holds the codes of 4 / bits consecutive coordinates (1, 2 and 4 bits: unit u holds
+// coordinates u·(4 / bits) …, the first in the nibble's low bits). 3-bit codes take three planes
+// of units: the low two bits of coordinates (2u, 2u + 1), then of (H + 2u, H + 2u + 1) with H
+// half of head_dim rounded up to 4 (byte b: bits 4t + 2s hold the pair's t-th coordinate of
+// slot b + 16s), then their high bits (byte b: bit 4p + 2t + s for plane p, pair coordinate t,
+// slot b + 16s). Units are padded to a multiple of 4 (a 512-bit vector's), coordinates past
+// head_dim hold code 0.
+
+/// Slots in a group.
+inline constexpr std::size_t group_slots = 32;
+
+/// Bytes a TurboQuant store keeps after its value codes' last row: the kernels' loads of 3-bit
+/// rows read up to 2 bytes past a row (32-bit words of a 6-byte chunk).
+inline constexpr std::size_t value_code_padding = 16;
+
+/// Units of one plane of a group of `bits`-bit codes of `d` coordinates (a multiple of 4).
+inline std::size_t group_units(std::size_t d, unsigned bits) noexcept {
+  const std::size_t per_unit = bits == 3 ? 4 : 4 / bits;
+  return ((d + per_unit - 1) / per_unit + 3) / 4 * 4;
+}
+
+/// Bytes of one group of `bits`-bit codes (bits 1 to 4) of `d` coordinates.
+inline std::size_t group_bytes(std::size_t d, unsigned bits) noexcept {
+  return 16 * group_units(d, bits) * (bits == 3 ? 3 : 1);
+}
+
+/// Slots a head's groups take: `capacity` rounded up to whole groups.
+inline std::size_t group_capacity(std::size_t capacity) noexcept {
+  return (capacity + group_slots - 1) / group_slots * group_slots;
+}
+
+/// Where the bits of coordinate i of slot b (< group_slots) of a group lie: the byte and the
+/// shift of the low bits (width min(bits, 2) for 3 bits, else bits) and, for 3 bits, of the
+/// high bit.
+struct group_place {
+  std::size_t byte = 0, high_byte = 0;
+  unsigned shift = 0, high_shift = 0;
+};
+inline group_place place_in_group(std::size_t d, unsigned bits, std::size_t b,
+                                  std::size_t i) noexcept {
+  const std::size_t units = group_units(d, bits), s = b / 16, j = b % 16;
+  if (bits != 3) {
+    const std::size_t per_unit = 4 / bits;
+    return {16 * (i / per_unit) + j, 0, unsigned(4 * s + bits * (i % per_unit)), 0};
+  }
+  const std::size_t half = 2 * units, p = i / half, t = (i % half) % 2, u = (i % half) / 2;
+  return {16 * (p * units + u) + j, 16 * (2 * units + u) + j, unsigned(4 * t + 2 * s),
+          unsigned(4 * p + 2 * t + s)};
+}
+
+/// Code of coordinate i of slot b of the group at `group`.
+inline std::uint8_t grouped_code_at(const std::byte* group, std::size_t d, unsigned bits,
+                                    std::size_t b, std::size_t i) noexcept {
+  const group_place at = place_in_group(d, bits, b, i);
+  const unsigned width = bits == 3 ? 2 : bits;
+  unsigned v = (unsigned(group[at.byte]) >> at.shift) & ((1u << width) - 1);
+  if (bits == 3) v |= ((unsigned(group[at.high_byte]) >> at.high_shift) & 1u) << 2;
+  return std::uint8_t(v);
+}
+
+/// Writes the d codes of slot b into the group at `group` (its other slots unchanged).
+inline void grouped_store(std::byte* group, std::size_t d, unsigned bits, std::size_t b,
+                          const std::uint8_t* codes) noexcept {
+  const unsigned width = bits == 3 ? 2 : bits;
+  for (std::size_t i = 0; i < d; ++i) {
+    const group_place at = place_in_group(d, bits, b, i);
+    const unsigned mask = ((1u << width) - 1) << at.shift;
+    group[at.byte] =
+        std::byte((unsigned(group[at.byte]) & ~mask) | ((unsigned(codes[i]) << at.shift) & mask));
+    if (bits != 3) continue;
+    const unsigned high = 1u << at.high_shift;
+    group[at.high_byte] = std::byte((unsigned(group[at.high_byte]) & ~high) |
+                                    ((unsigned(codes[i]) >> 2 & 1u) << at.high_shift));
+  }
+}
+
+/// The group holding slot `slot` of head h of a side whose heads take `head_stride` slots.
+inline const std::byte* group_of(const std::byte* codes, std::size_t d, unsigned bits,
+                                 std::size_t h, std::size_t head_stride,
+                                 std::size_t slot) noexcept {
+  return codes + (h * head_stride + slot) / group_slots * group_bytes(d, bits);
 }
 
 /// Code i of a row of `bits`-bit codes.
@@ -122,35 +215,54 @@ inline double qjl_scale(std::size_t d) noexcept {
   return 1.2533141373155002512078826424055 / double(d);
 }
 
+/// Reads the codes of one row (h, p) of run `v`: `bits` bits a coordinate from `codes` (a run's
+/// codes or signs; rows layout: row_bytes a row).
+struct row_reader {
+  const std::byte* at;  // the row (rows layout) or its group
+  std::size_t d, slot;  // slot within the group
+  unsigned bits;
+  bool grouped;
+  row_reader(const rows_format& f, const std::byte* codes, unsigned code_bits,
+             std::size_t row_bytes, std::size_t h, const rows_run& v, std::size_t p) noexcept
+      : d(f.head_dim), slot((v.slot + p) % group_slots), bits(code_bits), grouped(f.grouped) {
+    at = grouped ? group_of(codes, d, bits, h, v.head_stride, v.slot + p)
+                 : codes + (h * v.head_stride + v.slot + p) * row_bytes;
+  }
+  std::uint8_t operator()(std::size_t i) const noexcept {
+    return grouped ? grouped_code_at(at, d, bits, slot, i) : code_at(at, bits, i);
+  }
+};
+
 /// Decodes row (h, p) of run `v` to f32 in out[head_dim] (original coordinates): int8 scale ·
 /// code; TurboQuant ‖x‖·Πᵀ·c[codes] (+ ‖x‖·‖r‖·qjl_scale·Sᵀ·signs).
 inline void decode_row(const rows_format& f, std::size_t h, const rows_run& v, std::size_t p,
                        float* out) noexcept {
-  const std::size_t d = f.head_dim, row = h * v.head_stride + p;
-  const std::byte* codes = v.codes + row * f.code_bytes;
+  const std::size_t d = f.head_dim, row = h * v.head_stride + v.slot + p;
   const float scale = v.scales[row];
   if (f.int8) {
+    const std::byte* codes = v.codes + row * f.code_bytes;
     for (std::size_t i = 0; i < d; ++i) out[i] = scale * float(static_cast<std::int8_t>(codes[i]));
     return;
   }
+  const row_reader code(f, v.codes, f.bits, f.code_bytes, h, v, p);
   const float* state = f.rotations + h * f.rotation_floats;
   if (f.hadamard) {
-    for (std::size_t i = 0; i < d; ++i) out[i] = f.centroids[code_at(codes, f.bits, i)];
+    for (std::size_t i = 0; i < d; ++i) out[i] = f.centroids[code(i)];
     rotate_back(state, true, d, out, out);
   } else {  // Πᵀ·y = Σ_r y_r · (row r of Π), streaming the codes
     for (std::size_t i = 0; i < d; ++i) out[i] = 0;
     for (std::size_t r = 0; r < d; ++r) {
-      const float y = f.centroids[code_at(codes, f.bits, r)];
+      const float y = f.centroids[code(r)];
       for (std::size_t i = 0; i < d; ++i) out[i] += y * state[r * d + i];
     }
   }
   for (std::size_t i = 0; i < d; ++i) out[i] *= scale;
   if (!f.qjl) return;
-  const std::byte* signs = v.signs + row * f.sign_bytes;
+  const row_reader sign(f, v.signs, 1, f.sign_bytes, h, v, p);
   const float gamma = float(scale * v.residual_norms[row] * qjl_scale(d));
   const float* s = f.projections + h * d * d;
   for (std::size_t k = 0; k < d; ++k) {
-    const float z = code_at(signs, 1, k) ? gamma : -gamma;
+    const float z = sign(k) ? gamma : -gamma;
     for (std::size_t i = 0; i < d; ++i) out[i] += z * s[k * d + i];
   }
 }

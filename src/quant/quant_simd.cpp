@@ -1,5 +1,8 @@
-// The compressed-window decode kernel (see quant_simd.h): codes expanded per block through a
-// codebook held in SIMD lanes, then the f32 kernels' online softmax (softmax-inl.h, decode-inl.h).
+// The compressed-window decode kernel (see quant_simd.h). Per chunk of a kv head's query heads
+// and per segment of absolute positions: every key of the segment scored first (TurboQuant keys
+// by the fast scan of their slot groups, scan-inl.h; int8 keys exactly, expand-inl.h), then
+// block by block the online softmax step of the f32 kernels (softmax-inl.h) and the block's V
+// rows expanded in registers into its weighted sums (expand-inl.h).
 // foreach_target.h compiles this file once per target; HWY_DYNAMIC_DISPATCH picks one per call.
 #include <algorithm>
 #include <cstddef>
@@ -12,221 +15,33 @@
 #define HWY_TARGET_INCLUDE "quant/quant_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#include "kernels/decode-inl.h"
 #include "hwy/highway.h"
+#include "kernels/decode-inl.h"
+#include "quant/expand-inl.h"
+#include "quant/scan-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
 
-using DI = hn::Rebind<std::int32_t, DF>;
-using DU8 = hn::Rebind<std::uint8_t, DF>;
-using DI8 = hn::Rebind<std::int8_t, DF>;
+inline constexpr std::size_t max_dim = max_compressed_head_dim;
+// Positions a softmax block covers: the largest of the f32 kernels' (fewer softmax steps; a
+// position's lane in its block is its absolute position's, so the bits do not depend on where
+// the window starts).
+inline constexpr std::size_t compressed_block = max_block_positions;
+inline constexpr std::size_t segment_blocks = segment_positions / compressed_block;
+// Floats of a head's state and output rows: head_dim rounded up to whole chunks of any row kind.
+inline constexpr std::size_t max_padded = max_dim + 4 * hn::MaxLanes(DF());
+// Table bytes of one query head: 4-bit codes take 16 a coordinate (3-bit 16 a coordinate too,
+// 1- and 2-bit fewer), rounded up to whole units of 4.
+inline constexpr std::size_t max_table_bytes = 16 * (max_dim + 16);
 
-inline constexpr std::size_t max_tile_dim = max_compressed_head_dim;
-
-/// A codebook of up to 16 levels as whole vectors (zero-padded): `vectors` of Lanes floats.
+/// A codebook of 2^bits levels repeated to 16 entries, as whole vectors (see LookupLevels).
 struct lane_table {
   HWY_ALIGN float levels[16 + hn::MaxLanes(DF())] = {};
-  std::size_t vectors = 1;
-  void set(const float* values, std::size_t count) {
-    std::copy(values, values + count, levels);
-    vectors = std::max<std::size_t>(1, (count + hn::Lanes(DF()) - 1) / hn::Lanes(DF()));
+  void set(const float* values, unsigned bits) {
+    for (std::size_t e = 0; e < 16; ++e) levels[e] = values[e % (std::size_t{1} << bits)];
   }
 };
-
-/// table[idx] per lane: one TableLookupLanes per table vector, the vector chosen by idx's high
-/// bits (one lookup on 16-lane targets, two for 16 levels on 8-lane ones). Vectors = 0: the
-/// table's own count (known only at run time).
-template <std::size_t Vectors = 0>
-HWY_INLINE VF Lookup(DF d, const float* levels, std::size_t count, hn::Vec<DI> idx) {
-  const DI di;
-  const std::size_t N = hn::Lanes(d), vectors = Vectors ? Vectors : count;
-  const auto lane = hn::IndicesFromVec(d, hn::And(idx, hn::Set(di, std::int32_t(N - 1))));
-  VF r = hn::TableLookupLanes(hn::Load(d, levels), lane);
-  for (std::size_t v = 1; v < vectors; ++v) {
-    const auto upper = hn::RebindMask(d, hn::Gt(idx, hn::Set(di, std::int32_t(v * N - 1))));
-    r = hn::IfThenElse(upper, hn::TableLookupLanes(hn::Load(d, levels + v * N), lane), r);
-  }
-  return r;
-}
-
-/// The first d codes of a packed row as bytes (LSB-first stream); bytes past d are untouched.
-HWY_INLINE void Unpack(const std::byte* packed, unsigned bits, std::size_t d, std::uint8_t* out) {
-  const auto* in = reinterpret_cast<const std::uint8_t*>(packed);
-  if (bits == 4) {
-    for (std::size_t k = 0; k < d / 2; ++k) {
-      out[2 * k] = in[k] & 15;
-      out[2 * k + 1] = in[k] >> 4;
-    }
-    if (d % 2) out[d - 1] = in[d / 2] & 15;
-  } else if (bits == 1) {
-    for (std::size_t i = 0; i < d; ++i) out[i] = (in[i / 8] >> (i % 8)) & 1;
-  } else {
-    for (std::size_t i = 0; i < d; ++i) out[i] = codec::code_at(packed, bits, i);
-  }
-}
-
-/// out[0, padded) = scale · table[codes[i]]; codes is padded with zeros (lanes past head_dim
-/// hold scale·table[0], which a zero-padded query and the head_dim-bounded V fold ignore).
-HWY_INLINE void ExpandCodes(const std::uint8_t* codes, std::size_t padded, const lane_table& t,
-                            float scale, float* out) {
-  const DF d;
-  const DI di;
-  const DU8 d8;
-  const VF vs = hn::Set(d, scale);
-  for (std::size_t i = 0; i < padded; i += hn::Lanes(d))
-    hn::Store(
-        hn::Mul(Lookup(d, t.levels, t.vectors, hn::PromoteTo(di, hn::LoadU(d8, codes + i))), vs), d,
-        out + i);
-}
-
-/// out[0, padded) = scale · table[code i] straight from the packed row: each vector's N codes
-/// (N·Bits bits, whole bytes, at most 4) are read as one word, broadcast, shifted per lane by
-/// lane·Bits and masked into lookup indices; the number of table vectors is known here, so the
-/// lookups unroll. Targets where N·Bits is not whole bytes or exceeds 32 unpack to bytes first.
-template <unsigned Bits>
-HWY_INLINE void ExpandPackedT(const std::byte* packed, std::size_t dim, std::size_t padded,
-                              const lane_table& t, float scale, std::uint8_t* bytes, float* out) {
-  constexpr std::size_t N = hn::MaxLanes(DF()), group_bits = N * Bits;
-  if constexpr (group_bits > 32 || group_bits % 8 != 0) {
-    Unpack(packed, Bits, dim, bytes);
-    ExpandCodes(bytes, padded, t, scale, out);
-  } else {
-    const DF d;
-    const hn::Rebind<std::uint32_t, DF> du;
-    const DI di;
-    const VF vs = hn::Set(d, scale);
-    const auto shifts = hn::Mul(hn::Iota(du, 0), hn::Set(du, Bits));
-    const auto mask = hn::Set(du, (1u << Bits) - 1);
-    constexpr std::size_t vectors = ((std::size_t{1} << Bits) + N - 1) / N;
-    HWY_ALIGN float levels[vectors * N];  // the codebook times this row's norm: no per-lane Mul
-    for (std::size_t v = 0; v < vectors; ++v)
-      hn::Store(hn::Mul(hn::Load(d, t.levels + v * N), vs), d, levels + v * N);
-    const std::size_t full = dim / N * N;
-    const std::byte* HWY_RESTRICT in = packed;
-    float* HWY_RESTRICT o = out;
-    for (std::size_t i = 0; i < full; i += N, in += group_bits / 8, o += N) {
-      std::uint32_t word = 0;
-      std::memcpy(&word, in, group_bits / 8);  // LSB-first stream, little-endian
-      const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
-      hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, o);
-    }
-    if (full == padded) return;
-    std::uint32_t word = 0;  // the row's last, partial group, then zero lanes up to padded
-    for (std::size_t k = full * Bits / 8; k < (dim * Bits + 7) / 8; ++k)
-      word |= std::uint32_t(std::to_integer<std::uint8_t>(packed[k]))
-              << (8 * (k - full * Bits / 8));
-    const auto idx = hn::And(hn::Set(du, word) >> shifts, mask);
-    hn::Store(Lookup<vectors>(d, levels, vectors, hn::BitCast(di, idx)), d, out + full);
-    for (std::size_t i = full + N; i < padded; i += N) hn::Store(hn::Zero(d), d, out + i);
-  }
-}
-
-HWY_INLINE void ExpandPacked(const std::byte* packed, unsigned bits, std::size_t dim,
-                             std::size_t padded, const lane_table& t, float scale,
-                             std::uint8_t* bytes, float* out) {
-  switch (bits) {
-    case 1:
-      return ExpandPackedT<1>(packed, dim, padded, t, scale, bytes, out);
-    case 2:
-      return ExpandPackedT<2>(packed, dim, padded, t, scale, bytes, out);
-    case 3:
-      return ExpandPackedT<3>(packed, dim, padded, t, scale, bytes, out);
-    default:
-      return ExpandPackedT<4>(packed, dim, padded, t, scale, bytes, out);
-  }
-}
-
-/// out[0, padded) = scale · int8 codes (row is padded: reads stop at head_dim via `codes`).
-HWY_INLINE void ExpandInt8(const std::uint8_t* codes, std::size_t padded, float scale, float* out) {
-  const DF d;
-  const DI di;
-  const DI8 d8;
-  const VF vs = hn::Set(d, scale);
-  for (std::size_t i = 0; i < padded; i += hn::Lanes(d)) {
-    const auto c = hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(codes) + i);
-    hn::Store(hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, c)), vs), d, out + i);
-  }
-}
-
-/// Expansion tiles of one block: K and V rows (rotated space, times the norm), QJL sign rows as
-/// ±1 and their factors ‖k‖·‖r‖, and a byte buffer for unpacked codes.
-struct tiles {
-  HWY_ALIGN float k[block_positions * max_tile_dim];
-  HWY_ALIGN float v[block_positions * max_tile_dim];
-  HWY_ALIGN float z[block_positions * max_tile_dim];
-  float factors[block_positions];
-  HWY_ALIGN std::uint8_t codes[max_tile_dim + 64];
-  lane_table key_levels, value_levels, signs;
-};
-
-/// Expands kv head h's rows of positions [lo, hi) of `w` into tile rows (stride `padded`) and
-/// points rows[] at them; with z, also the QJL sign rows and factors. Returns how many.
-HWY_INLINE std::size_t ExpandRows(const code_window& w, const lane_table& levels, std::size_t h,
-                                  std::size_t lo, std::size_t hi, std::size_t padded, float* tile,
-                                  tiles& t, const std::byte** rows, float* z) {
-  const codec::rows_format& f = w.format;
-  std::size_t n = 0;
-  for (std::size_t r = 0; r < w.run_count; ++r) {
-    const codec::rows_run& run = w.runs[r];
-    const std::size_t b = std::max(lo, run.first), e = std::min(hi, run.first + run.count);
-    for (std::size_t p = b; p < e; ++p, ++n) {
-      const std::size_t row = h * run.head_stride + (p - run.first);
-      const std::byte* codes = run.codes + row * f.code_bytes;
-      float* out = tile + n * padded;
-      if (f.int8) {
-        std::memcpy(t.codes, codes, f.head_dim);
-        ExpandInt8(t.codes, padded, run.scales[row], out);
-      } else {
-        ExpandPacked(codes, f.bits, f.head_dim, padded, levels, run.scales[row], t.codes, out);
-      }
-      rows[n] = reinterpret_cast<const std::byte*>(out);
-      if (z == nullptr) continue;
-      ExpandPacked(run.signs + row * f.sign_bytes, 1, f.head_dim, padded, t.signs, 1.0f, t.codes,
-                   z + n * padded);
-      t.factors[n] = run.scales[row] * run.residual_norms[row];
-    }
-  }
-  return n;
-}
-
-/// Per query head of the chunk: the scaled query rotated in place into the kv head's frame, and
-/// (QJL) sq = scale·sqrt(π/2)/d · S·q from the unrotated query.
-HWY_INLINE void PrepareQueries(const compressed_problem& cp, const chunk& c, float* q_rows,
-                               float* sq) {
-  const codec::rows_format& f = cp.keys.format;
-  const std::size_t d = cp.head_dim;
-  if (f.qjl) {
-    const float* s = f.projections + c.kv_head * d * d;
-    const float g = cp.scale * float(codec::qjl_scale(d));
-    for (std::size_t h = 0; h < c.count; ++h) {
-      const float* q = cp.query + (c.q0 + h) * d;
-      for (std::size_t i = 0; i < d; ++i) sq[h * c.padded_dim + i] = g * Dot(DF(), s + i * d, q, d);
-    }
-  }
-  if (f.int8) return;
-  HWY_ALIGN float tmp[max_tile_dim];
-  const float* state = f.rotations + c.kv_head * f.rotation_floats;
-  for (std::size_t h = 0; h < c.count; ++h) {
-    float* row = q_rows + h * c.padded_dim;
-    codec::rotate(state, f.hadamard, d, row, tmp);
-    std::copy(tmp, tmp + d, row);
-  }
-}
-
-/// The normalised outputs of the chunk rotated back (Πᵀ) from the values' frame.
-HWY_INLINE void RotateBack(const compressed_problem& cp, const chunk& c, float* out) {
-  const codec::rows_format& f = cp.values.format;
-  if (f.int8) return;
-  HWY_ALIGN float tmp[max_tile_dim];
-  const std::size_t d = cp.head_dim;
-  const float* state = f.rotations + c.kv_head * f.rotation_floats;
-  for (std::size_t h = 0; h < c.count; ++h) {
-    float* row = out + (c.q0 + h) * d;
-    codec::rotate_back(state, f.hadamard, d, row, tmp);
-    std::copy(tmp, tmp + d, row);
-  }
-}
 
 /// The window's positions only (no rows): what the block and segment walks need.
 HWY_INLINE window PositionsOf(const code_window& w) {
@@ -237,56 +52,304 @@ HWY_INLINE window PositionsOf(const code_window& w) {
   return out;
 }
 
+/// The window positions of `w` in [lo, hi) as at most max_runs pieces, each consecutive
+/// positions of one run: its first position's offset from lo, how many, and its first row's
+/// index (h · head_stride + slot) for kv head h, and the run. Returns how many pieces.
+struct piece {
+  std::size_t offset = 0, count = 0, row = 0, run = 0;
+};
+HWY_INLINE std::size_t PiecesOf(const code_window& w, std::size_t h, std::size_t lo, std::size_t hi,
+                                piece* out) {
+  std::size_t n = 0;
+  for (std::size_t r = 0; r < w.run_count; ++r) {
+    const codec::rows_run& run = w.runs[r];
+    const std::size_t b = std::max(lo, run.first), e = std::min(hi, run.first + run.count);
+    if (b < e) out[n++] = {b - lo, e - b, h * run.head_stride + run.slot + (b - run.first), r};
+  }
+  return n;
+}
+
+/// Writes the row pointers of piece pc of `w` to rows[0, pc.count) and returns its scales.
+HWY_INLINE const float* PieceRows(const code_window& w, const piece& pc, const std::byte** rows) {
+  const std::byte* row = w.runs[pc.run].codes + pc.row * w.format.code_bytes;
+  for (std::size_t j = 0; j < pc.count; ++j) rows[j] = row + j * w.format.code_bytes;
+  return w.runs[pc.run].scales + pc.row;
+}
+
+/// Rows stored whole of kv head h for the window positions in [lo, hi) of `w`, in position
+/// order: their codes, their scale (norm or int8 scale) and their offset from lo. Returns how
+/// many.
+HWY_INLINE std::size_t CollectCodeRows(const code_window& w, std::size_t h, std::size_t lo,
+                                       std::size_t hi, const std::byte** rows, float* scales,
+                                       std::size_t* offsets) {
+  piece pieces[max_runs];
+  const std::size_t count = PiecesOf(w, h, lo, hi, pieces);
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const float* s = PieceRows(w, pieces[i], rows + n);
+    for (std::size_t j = 0; j < pieces[i].count; ++j, ++n) {
+      scales[n] = s[j];
+      offsets[n] = pieces[i].offset + j;
+    }
+  }
+  return n;
+}
+
+/// What one chunk of query heads works with: its rotated queries and lookup tables, the
+/// segment's scores and the block weights, on the stack (about 60 KB at head_dim 256).
+struct chunk_work {
+  HWY_ALIGN float q[max_scan_heads * max_padded];   // [heads][max_padded] scale·Π·q, zero-padded
+  HWY_ALIGN float sq[max_scan_heads * max_padded];  // [heads][max_padded] QJL's S·q, scaled
+  HWY_ALIGN std::uint8_t code_bytes[max_scan_heads * max_table_bytes];
+  HWY_ALIGN std::uint8_t sign_bytes[max_scan_heads * max_table_bytes / 4];
+  scan_tables codes, signs;
+  std::size_t code_group = 0, sign_group = 0;  // bytes of a group of codes, of signs
+  // [segment_blocks][heads][compressed_block]: a segment's scores, then its weights
+  HWY_ALIGN float scores[segment_blocks * max_scan_heads * compressed_block];
+  float rescale[segment_blocks * max_scan_heads];
+  HWY_ALIGN float weights[max_scan_heads * compressed_block];      // [heads][block] weight · scale
+  HWY_ALIGN float group[2 * max_scan_heads * codec::group_slots];  // [2][heads][32]
+  HWY_ALIGN std::uint16_t sums[max_scan_heads * codec::group_slots];
+  HWY_ALIGN float factors[codec::group_slots];
+  const std::byte* rows[compressed_block];
+  float row_scales[compressed_block];
+  std::size_t offsets[compressed_block];
+  lane_table values;
+  row_chunks key_chunks, value_chunks;
+};
+
+/// Scales and rotates the chunk's queries into the keys' frame (TurboQuant: q' = scale·Π·q) and
+/// builds their tables; with QJL also sq = scale·sqrt(π/2)/d · S·q (unrotated) and its tables.
+HWY_INLINE void PrepareQueries(const compressed_problem& cp, std::size_t kv, std::size_t q0,
+                               std::size_t count, chunk_work& w) {
+  const codec::rows_format& f = cp.keys.format;
+  const std::size_t d = cp.head_dim;
+  std::fill(w.q, w.q + count * max_padded, 0.0f);
+  HWY_ALIGN float scaled[max_dim];
+  for (std::size_t h = 0; h < count; ++h) {
+    const float* in = cp.query + (q0 + h) * d;
+    for (std::size_t i = 0; i < d; ++i) scaled[i] = in[i] * cp.scale;
+    if (f.int8)
+      std::copy(scaled, scaled + d, w.q + h * max_padded);
+    else
+      codec::rotate(f.rotations + kv * f.rotation_floats, f.hadamard, d, scaled,
+                    w.q + h * max_padded);
+  }
+  if (f.int8) return;
+  ShapeTables(w.codes, d, f.bits);
+  w.codes.bytes = w.code_bytes;
+  w.code_group = codec::group_bytes(d, f.bits);
+  w.sign_group = codec::group_bytes(d, 1);
+  for (std::size_t h = 0; h < count; ++h)
+    BuildTables(w.codes, h, w.q + h * max_padded, d, f.centroids);
+  if (!f.qjl) return;
+  const float* s = f.projections + kv * d * d;
+  const float g = cp.scale * float(codec::qjl_scale(d));
+  for (std::size_t h = 0; h < count; ++h) {
+    const float* q = cp.query + (q0 + h) * d;
+    for (std::size_t i = 0; i < d; ++i) w.sq[h * max_padded + i] = g * Dot(DF(), s + i * d, q, d);
+  }
+  ShapeTables(w.signs, d, 1);
+  w.signs.bytes = w.sign_bytes;
+  const float plus_minus[2] = {-1.0f, 1.0f};
+  for (std::size_t h = 0; h < count; ++h)
+    BuildTables(w.signs, h, w.sq + h * max_padded, d, plus_minus);
+}
+
+/// Writes the scores of kv head kv's positions [a, b) of run `run` (grouped TurboQuant keys) to
+/// w.scores (position p at block (p − from) / B, lane (p − from) % B): every group the run's
+/// slots touch is scanned whole, its slots outside the run left out.
+HWY_INLINE void ScanRun(const compressed_problem& cp, const codec::rows_run& run, std::size_t kv,
+                        std::size_t count, std::size_t from, std::size_t a, std::size_t b,
+                        chunk_work& w) {
+  const codec::rows_format& f = cp.keys.format;
+  const DF df;
+  const std::size_t d = cp.head_dim, slot_a = run.slot + (a - run.first);
+  const std::size_t slot_b = slot_a + (b - a), slots = codec::group_slots;
+  float* signed_part = w.group + max_scan_heads * slots;
+  for (std::size_t g = slot_a / slots; g * slots < slot_b; ++g) {
+    const std::size_t first = kv * run.head_stride + g * slots;  // the group's index (head kv)
+    ScanGroup(run.codes + first / slots * w.code_group, w.codes, count, w.sums);
+    for (std::size_t h = 0; h < count; ++h)
+      ScaleSums(w.sums + h * slots, w.codes, h, run.scales + first, w.group + h * slots);
+    if (f.qjl) {
+      ScanGroup(run.signs + first / slots * w.sign_group, w.signs, count, w.sums);
+      for (std::size_t i = 0; i < slots; i += hn::Lanes(df))
+        hn::Store(hn::Mul(hn::LoadU(df, run.scales + first + i),
+                          hn::LoadU(df, run.residual_norms + first + i)),
+                  df, w.factors + i);
+      for (std::size_t h = 0; h < count; ++h) {
+        ScaleSums(w.sums + h * slots, w.signs, h, w.factors, signed_part + h * slots);
+        for (std::size_t i = 0; i < slots; i += hn::Lanes(df))
+          hn::Store(hn::Add(hn::Load(df, w.group + h * slots + i),
+                            hn::Load(df, signed_part + h * slots + i)),
+                    df, w.group + h * slots + i);
+      }
+    }
+    // The group's slots in the run are consecutive positions: copied a block's part at a time.
+    const std::size_t lo = std::max(slot_a, g * slots), hi = std::min(slot_b, g * slots + slots);
+    for (std::size_t slot = lo; slot < hi;) {
+      const std::size_t off = a + (slot - slot_a) - from, in = off % compressed_block;
+      const std::size_t take = std::min(hi - slot, compressed_block - in);
+      float* to = w.scores + off / compressed_block * count * compressed_block + in;
+      for (std::size_t h = 0; h < count; ++h)
+        std::copy_n(w.group + h * slots + (slot - g * slots), take, to + h * compressed_block);
+      slot += take;
+    }
+  }
+}
+
+/// The scores of every window position in [from, hi) (a segment's) for the chunk's heads.
+HWY_INLINE void ScoreSegment(const compressed_problem& cp, std::size_t kv, std::size_t count,
+                             std::size_t from, std::size_t hi, chunk_work& w) {
+  const code_window& k = cp.keys;
+  if (!k.format.int8) {
+    for (std::size_t r = 0; r < k.run_count; ++r) {
+      const codec::rows_run& run = k.runs[r];
+      const std::size_t a = std::max(from, run.first), b = std::min(hi, run.first + run.count);
+      if (a < b) ScanRun(cp, run, kv, count, from, a, b, w);
+    }
+    return;
+  }
+  HWY_ALIGN float out[max_scan_heads * compressed_block];
+  for (std::size_t pos = from; pos < hi; pos += compressed_block) {
+    const std::size_t n = CollectCodeRows(k, kv, pos, std::min(pos + compressed_block, hi), w.rows,
+                                          w.row_scales, w.offsets);
+    if (n == 0) continue;
+    w.key_chunks.copy_tails(w.rows, n);
+    ScoreInt8(count, w.rows, w.row_scales, n, w.q, max_padded, w.key_chunks, out, compressed_block);
+    float* block = w.scores + (pos - from) / compressed_block * count * compressed_block;
+    for (std::size_t h = 0; h < count; ++h)
+      for (std::size_t j = 0; j < n; ++j)
+        block[h * compressed_block + w.offsets[j]] = out[h * compressed_block + j];
+  }
+}
+
+/// The block's V rows of kv head kv, [pos, end), weighted by the block's exp'd scores times each
+/// row's scale, folded into s.acc (rows of `padded` floats, expansion order).
+HWY_INLINE void AccumulateBlock(const compressed_problem& cp, std::size_t kv, std::size_t count,
+                                std::size_t pos, std::size_t end, const float* p,
+                                const float* rescale, const state& s, std::size_t padded,
+                                chunk_work& w) {
+  const code_window& v = cp.values;
+  const DF df;
+  const std::size_t N = hn::Lanes(df), start = pos / compressed_block * compressed_block;
+  piece pieces[max_runs];
+  const std::size_t count_pieces = PiecesOf(v, kv, start, end, pieces);
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < count_pieces; ++i) {
+    const piece& pc = pieces[i];
+    const float* scales = PieceRows(v, pc, w.rows + n);
+    for (std::size_t h = 0; h < count; ++h) {
+      const float* ph = p + h * compressed_block + pc.offset;
+      float* wh = w.weights + h * compressed_block + n;
+      std::size_t j = 0;
+      for (; j + N <= pc.count; j += N)
+        hn::StoreU(hn::Mul(hn::LoadU(df, ph + j), hn::LoadU(df, scales + j)), df, wh + j);
+      for (; j < pc.count; ++j) wh[j] = ph[j] * scales[j];
+    }
+    n += pc.count;
+  }
+  w.value_chunks.copy_tails(w.rows, n);
+  const float* levels = w.values.levels;
+  const auto args = [&](auto kind) {
+    AccumulateRows<decltype(kind)>(count, w.rows, n, w.weights, compressed_block, rescale, s.acc,
+                                   padded, w.value_chunks, levels);
+  };
+  if (v.format.int8) return args(int8_rows());
+  switch (v.format.bits) {
+    case 2:
+      return args(crumb_rows());
+    case 3:
+      return args(triple_rows());
+    default:
+      return args(nibble_rows());
+  }
+}
+
+/// Expansion index → coordinate for the values' row kind (see expand-inl.h).
+HWY_INLINE std::size_t ValueCoordinate(const codec::rows_format& f, std::size_t e) {
+  if (f.int8) return int8_rows::coordinate(e);
+  return f.bits == 2   ? crumb_rows::coordinate(e)
+         : f.bits == 3 ? triple_rows::coordinate(e)
+                       : nibble_rows::coordinate(e);
+}
+
+/// Chunks of the values' row kind and their coordinates (the padded accumulator rows).
+template <class Kind>
+HWY_INLINE std::size_t SetChunks(row_chunks& c, std::size_t d, std::size_t row_bytes,
+                                 std::size_t group) {
+  c.set<Kind>(d, row_bytes, group);
+  return c.count * Kind::coords();
+}
+
+HWY_INLINE std::size_t ValueChunks(const codec::rows_format& f, std::size_t d, std::size_t group,
+                                   row_chunks& c) {
+  if (f.int8) return SetChunks<int8_rows>(c, d, f.code_bytes, group);
+  switch (f.bits) {
+    case 2:
+      return SetChunks<crumb_rows>(c, d, f.code_bytes, group);
+    case 3:
+      return SetChunks<triple_rows>(c, d, f.code_bytes, group);
+    default:
+      return SetChunks<nibble_rows>(c, d, f.code_bytes, group);
+  }
+}
+
 HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float* sinks,
                                        float* out) {
-  HWY_ALIGN float scratch[scratch_floats];
-  tiles t;  // ~100 KB of stack at head_dim 256: a thread_local per target would cost every thread
-  const bool qjl = cp.keys.format.qjl;
-  t.key_levels.set(cp.keys.format.centroids,
-                   cp.keys.format.int8 ? 0 : std::size_t{1} << cp.keys.format.bits);
-  t.value_levels.set(cp.values.format.centroids,
-                     cp.values.format.int8 ? 0 : std::size_t{1} << cp.values.format.bits);
-  const float plus_minus[2] = {-1.0f, 1.0f};
-  t.signs.set(plus_minus, 2);
-  std::fill(t.codes, t.codes + sizeof(t.codes), std::uint8_t{0});
-
-  problem p;  // positions and geometry only: rows come from the expansion
-  p.query = cp.query;
-  p.keys = PositionsOf(cp.keys);
-  p.values = PositionsOf(cp.values);
-  p.q_heads = cp.q_heads;
-  p.kv_heads = cp.kv_heads;
-  p.head_dim = cp.head_dim;
-  p.scale = cp.scale;
-  p.block = block_positions;  // what the expansion tiles hold (tiles::k, v, z, factors)
-  const std::size_t dim = p.head_dim, group = p.q_heads / p.kv_heads;
-  const std::size_t padded = RoundUp(dim, block_positions);
-  const std::size_t per_chunk = ChunkHeads(p, dim + 4 + (qjl ? padded + block_positions : 0));
-  chunk c;
-  for (std::size_t kv = 0; kv < p.kv_heads; ++kv)
-    for (std::size_t q0 = kv * group; q0 < (kv + 1) * group; q0 += per_chunk) {
-      const std::size_t count = std::min(per_chunk, (kv + 1) * group - q0);
-      const std::size_t used = LayOutChunk(p, kv, q0, count, scratch, c);
-      float* extra = scratch + used;
-      float* sq = extra + RoundUp(4 * count + count * dim, block_positions);
-      PrepareQueries(cp, c, scratch, sq);
-      auto collect = [&](std::size_t pos, std::size_t end, block_rows& b, line_feed&) {
-        ExpandRows(cp.values, t.value_levels, kv, pos, end, padded, t.v, t, b.v, nullptr);
-        return ExpandRows(cp.keys, t.key_levels, kv, pos, end, padded, t.k, t, b.k,
-                          qjl ? t.z : nullptr);
-      };
-      auto correct = [&](std::size_t, const block_rows& b, line_feed&) {
-        if (!qjl) return;
-        for (std::size_t h = 0; h < c.count; ++h)
-          for (std::size_t j = 0; j < b.n; ++j)
-            c.scores[h * c.block + j] +=
-                t.factors[j] * Dot(DF(), sq + h * padded, t.z + j * padded, dim);
-      };
+  chunk_work w;
+  const codec::rows_format &kf = cp.keys.format, &vf = cp.values.format;
+  const std::size_t d = cp.head_dim, group = cp.q_heads / cp.kv_heads;
+  if (!vf.int8) w.values.set(vf.centroids, vf.bits);
+  const std::size_t padded = ValueChunks(vf, d, group, w.value_chunks);
+  if (kf.int8) w.key_chunks.set<int8_rows>(d, kf.code_bytes, group);
+  const window positions = PositionsOf(cp.keys);
+  // [2][heads] the running max and sum, [2][heads] a segment's, then its [heads][padded] sums
+  HWY_ALIGN float states[4 * max_scan_heads + max_scan_heads * max_padded];
+  HWY_ALIGN float running[max_scan_heads * max_padded];  // [heads][padded] the running sums
+  HWY_ALIGN float tmp[max_dim];
+  for (std::size_t kv = cp.q_first / group; kv * group < cp.q_last; ++kv)
+    for (std::size_t q0 = std::max(kv * group, cp.q_first),
+                     q_end = std::min((kv + 1) * group, cp.q_last);
+         q0 < q_end; q0 += max_scan_heads) {
+      const std::size_t count = std::min(max_scan_heads, q_end - q0);
+      PrepareQueries(cp, kv, q0, count, w);
+      chunk c;  // the softmax step's view: scores and rescales of one block at a time
+      c.count = count;
+      c.block = compressed_block;
       DecodeSegments(
-          p.keys, dim, c, extra, sinks, out, [&](std::size_t from, std::size_t to, const state& s) {
-            AttendBlocks<row_loader<float>>(p.keys, dim, c, from, to, s, collect, correct);
+          positions, padded, c, states, sinks ? sinks + q0 : nullptr, running,
+          [&](std::size_t from, std::size_t to, const state& s) {
+            const std::size_t hi = std::min(to, WindowEnd(positions));
+            const std::size_t blocks = (hi - from + compressed_block - 1) / compressed_block;
+            std::fill(w.scores, w.scores + blocks * count * compressed_block, minus_infinity);
+            ScoreSegment(cp, kv, count, from, hi, w);
+            for (std::size_t pos = NextPosition(positions, from); pos < hi;) {
+              const std::size_t end = BlockEnd(pos, hi, compressed_block);
+              const std::size_t k = (pos - from) / compressed_block;
+              chunk b = c;
+              b.scores = w.scores + k * count * compressed_block;
+              b.rescale = w.rescale + k * count;
+              ExpBlock(b, s);
+              AccumulateBlock(cp, kv, count, pos, end, b.scores, b.rescale, s, padded, w);
+              pos = NextPosition(positions, end);
+            }
           });
-      RotateBack(cp, c, out);
+      // The normalised rows, from expansion order to coordinates, rotated back (Πᵀ).
+      const float* state_v = vf.int8 ? nullptr : vf.rotations + kv * vf.rotation_floats;
+      for (std::size_t h = 0; h < count; ++h) {
+        const float* row = running + h * padded;
+        for (std::size_t e = 0; e < padded; ++e) {
+          const std::size_t i = ValueCoordinate(vf, e);
+          if (i < d) tmp[i] = row[e];
+        }
+        float* o = out + (q0 + h) * d;
+        if (vf.int8)
+          std::copy(tmp, tmp + d, o);
+        else
+          codec::rotate_back(state_v, vf.hadamard, d, tmp, o);
+      }
     }
 }
 

@@ -1,14 +1,15 @@
 // The compressed-window decode kernel's entry point, declared without Highway (docs/design.md):
 // attention straight from TurboQuant / int8 codes. Arguments are trusted (checked by the caller).
 //
-// Arithmetic: the query is scaled and rotated once per step (q' = scale·Π·q); for each block of
-// absolute positions (as the f32 kernel: blocks of block_positions, segments merged left to
-// right) the block's K and V codes of one kv head are expanded once for the whole query-head
-// group — the 2^b-entry codebook held in SIMD lanes and indexed with TableLookupLanes, times the
-// row's norm — into an L1 tile of block_positions rows, which the f32 online-softmax step then
-// scores and accumulates. With QJL, each score adds ‖k‖·‖r‖·⟨scale·sqrt(π/2)/d·S·q, sign bits⟩.
-// V is accumulated in the rotated space and rotated back once per output row. Nothing else is
-// decoded, nothing is allocated; the result depends only on the positions' codes.
+// Arithmetic: the query is scaled and rotated once per step (q' = scale·Π·q). Per segment of
+// absolute positions (merged left to right, as the f32 kernel) every key is scored first:
+// TurboQuant keys (slot groups, quant_codec.h) by looking their codes up in 8-bit tables of
+// q'ᵢ·c (one scale a query head), summed exactly in integers, times the scale and the key's
+// norm; with QJL plus the same of ⟨scale·sqrt(π/2)/d·S·q, sign bits⟩ times ‖k‖·‖r‖; int8 keys by
+// an exact dot product. Then per block of 64 positions the online-softmax step and the V rows
+// expanded in registers (the codebook in SIMD lanes, TableLookupLanes) into the block's weighted
+// sums. V is accumulated in the rotated space and rotated back once per output row. Nothing else
+// is decoded, nothing is allocated; the result depends only on the positions' codes.
 #pragma once
 #include <cstddef>
 
@@ -33,10 +34,13 @@ struct compressed_problem {
   code_window keys, values;      // the same positions; TurboQuant keys/values share rotations
   std::size_t q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
+  // The query heads this call computes, [q_first, q_last) (a thread's share of a step): a head's
+  // arithmetic does not depend on which other heads a call takes, so any split gives its bits.
+  std::size_t q_first = 0, q_last = 0;
 };
 
-/// out [q_heads, head_dim] = softmax(q·K̂ᵀ·scale (+ sink)) · V̂; O(window · (q_heads + decode) ·
-/// head_dim), no allocation.
+/// Rows [q_first, q_last) of out [q_heads, head_dim] = softmax(q·K̂ᵀ·scale (+ sink)) · V̂;
+/// O(window · (heads + decode) · head_dim), no allocation; other rows of `out` are untouched.
 void compressed_decode(const compressed_problem& p, const float* sinks, float* out);
 
 }  // namespace ringkv::simd

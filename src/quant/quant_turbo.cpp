@@ -37,6 +37,13 @@ std::uint64_t mix(std::uint64_t seed, std::size_t layer, std::size_t head, std::
 
 std::size_t code_bytes(std::size_t d, unsigned bits) { return (d * bits + 7) / 8; }
 
+// Bytes of one head's codes of `bits` bits over `slots` slots (a multiple of 32): slot groups for
+// keys (see quant_codec.h), rows for values.
+std::size_t head_code_bytes(std::size_t d, unsigned bits, std::size_t slots, bool grouped) {
+  return grouped ? slots / codec::group_slots * codec::group_bytes(d, bits)
+                 : slots * code_bytes(d, bits);
+}
+
 }  // namespace
 
 turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
@@ -46,16 +53,19 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
       quant_(checked(options)),
       key_book_(&lloyd_max_codebook(config.head_dim, options.key_bits - (options.qjl ? 1 : 0))),
       value_book_(&lloyd_max_codebook(config.head_dim, options.value_bits)),
-      scratch_(3 * config.head_dim * sizeof(float), "turboquant-append-scratch", sink) {
+      scratch_(4 * config.head_dim * sizeof(float), "turboquant-append-scratch", sink) {
   const kv_cache_config& c = this->config();
-  const std::size_t rows = c.kv_heads * c.capacity, d = c.head_dim;
+  const std::size_t slots = codec::group_capacity(c.capacity), rows = c.kv_heads * slots;
+  const std::size_t d = c.head_dim;
   layers_.reserve(c.layers);
   for (std::size_t l = 0; l < c.layers; ++l) {
     layer_state s;
-    s.keys.codes = storage(rows * code_bytes(d, key_book_->bits), "turboquant-key-codes", sink);
+    s.keys.codes = storage(c.kv_heads * head_code_bytes(d, key_book_->bits, slots, true),
+                           "turboquant-key-codes", sink);
     s.keys.scales = storage(rows * sizeof(float), "turboquant-key-norms", sink);
     if (quant_.qjl) {
-      s.keys.signs = storage(rows * code_bytes(d, 1), "turboquant-qjl-signs", sink);
+      s.keys.signs =
+          storage(c.kv_heads * head_code_bytes(d, 1, slots, true), "turboquant-qjl-signs", sink);
       s.keys.residual_norms = storage(rows * sizeof(float), "turboquant-qjl-residual-norms", sink);
       s.projections =
           storage(c.kv_heads * d * d * sizeof(float), "turboquant-qjl-projections", sink);
@@ -63,8 +73,9 @@ turboquant_kv_cache_store::turboquant_kv_cache_store(kv_cache_config config,
         fill_gaussian(s.projections.as<float>().subspan(h * d * d, d * d),
                       mix(quant_.seed, l, h, 2));
     }
-    s.values.codes =
-        storage(rows * code_bytes(d, value_book_->bits), "turboquant-value-codes", sink);
+    s.values.codes = storage(c.kv_heads * head_code_bytes(d, value_book_->bits, slots, false) +
+                                 codec::value_code_padding,
+                             "turboquant-value-codes", sink);
     s.values.scales = storage(rows * sizeof(float), "turboquant-value-norms", sink);
     const std::size_t rf = rotation_floats(d);
     s.rotations = storage(c.kv_heads * rf * sizeof(float), "turboquant-rotations", sink);
@@ -92,7 +103,8 @@ compressed_format turboquant_kv_cache_store::format(kv_side side,
                            s.rotations.as<float>().data(),
                            rotation_floats(d),
                            rotation_floats(d) == d,
-                           qjl ? s.projections.as<float>().data() : nullptr};
+                           qjl ? s.projections.as<float>().data() : nullptr,
+                           keys};
 }
 
 void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::size_t slot,
@@ -101,10 +113,22 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
   const codebook& book = keys ? *key_book_ : *value_book_;
   const compressed_format f = format(side, layer);
   side_buffers& b = keys ? layers_[layer].keys : layers_[layer].values;
-  const std::size_t d = f.head_dim, capacity = config().capacity;
-  const std::span<float> scratch(reinterpret_cast<float*>(scratch_.data()), 3 * d);
+  const std::size_t d = f.head_dim, slots = codec::group_capacity(config().capacity);
+  const std::span<float> scratch(reinterpret_cast<float*>(scratch_.data()), 4 * d);
   const std::span<float> u = scratch.first(d), y = scratch.subspan(d, d),
                          back = scratch.subspan(2 * d, d);
+  // [d] one code a byte (the last d floats' bytes)
+  auto* codes = reinterpret_cast<std::uint8_t*>(scratch.subspan(3 * d).data());
+  // Row (h, slot)'s d codes of `bits` bits into `plane`: its group, or its packed row.
+  const auto store = [&](std::byte* plane, unsigned bits, std::size_t h) {
+    if (f.grouped) {
+      std::byte* group = plane + head_code_bytes(d, bits, slots, true) * h +
+                         slot / codec::group_slots * codec::group_bytes(d, bits);
+      codec::grouped_store(group, d, bits, slot % codec::group_slots, codes);
+    } else {
+      codec::pack(codes, d, bits, plane + (h * slots + slot) * code_bytes(d, bits));
+    }
+  };
   for (std::size_t h = 0; h < f.heads; ++h) {
     const std::span<const float> x = row.subspan(h * d, d);
     double sum = 0;
@@ -113,18 +137,13 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
     for (std::size_t i = 0; i < d; ++i) u[i] = norm > 0 ? float(x[i] / double(norm)) : 0.0f;
     const float* rotation = f.rotations + h * f.rotation_floats;
     codec::rotate(rotation, f.hadamard, d, u.data(), y.data());
-    std::uint8_t codes[8];  // packed 8 codes at a time: `bits` bytes per group
-    std::byte* out = b.codes.data() + (h * capacity + slot) * f.code_bytes;
-    for (std::size_t i = 0; i < d; i += 8) {
-      const std::size_t n = std::min<std::size_t>(8, d - i);
-      for (std::size_t j = 0; j < n; ++j) codes[j] = book.encode(y[i + j]);
-      codec::pack(codes, n, f.bits, out + i / 8 * f.bits);
-    }
-    b.scales.as<float>()[h * capacity + slot] = norm;
+    for (std::size_t i = 0; i < d; ++i) codes[i] = book.encode(y[i]);
+    store(b.codes.data(), f.bits, h);
+    b.scales.as<float>()[h * slots + slot] = norm;
     if (!f.qjl) continue;
     // Residual of the unit direction in the original coordinates, r = u − Πᵀ·ỹ; keep ‖r‖ and
     // sign(S·r).
-    for (std::size_t i = 0; i < d; ++i) y[i] = f.centroids[codec::code_at(out, f.bits, i)];
+    for (std::size_t i = 0; i < d; ++i) y[i] = f.centroids[codes[i]];
     codec::rotate_back(rotation, f.hadamard, d, y.data(), back.data());
     double rn = 0;
     for (std::size_t i = 0; i < d; ++i) {
@@ -132,17 +151,13 @@ void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::siz
       rn += double(u[i]) * u[i];
     }
     const float* s = f.projections + h * d * d;
-    std::byte* signs = b.signs.data() + (h * capacity + slot) * f.sign_bytes;
-    for (std::size_t k = 0; k < d; k += 8) {
-      const std::size_t n = std::min<std::size_t>(8, d - k);
-      for (std::size_t j = 0; j < n; ++j) {
-        float dot = 0;
-        for (std::size_t i = 0; i < d; ++i) dot += s[(k + j) * d + i] * u[i];
-        codes[j] = dot >= 0 ? 1 : 0;
-      }
-      codec::pack(codes, n, 1, signs + k / 8);
+    for (std::size_t k = 0; k < d; ++k) {
+      float dot = 0;
+      for (std::size_t i = 0; i < d; ++i) dot += s[k * d + i] * u[i];
+      codes[k] = dot >= 0 ? 1 : 0;
     }
-    b.residual_norms.as<float>()[h * capacity + slot] = float(std::sqrt(rn));
+    store(b.signs.data(), 1, h);
+    b.residual_norms.as<float>()[h * slots + slot] = float(std::sqrt(rn));
   }
 }
 
@@ -158,7 +173,7 @@ compressed_window turboquant_kv_cache_store::window_of(kv_side side, std::size_t
                                                        const slot_runs& slots) const {
   const side_buffers& b = side == kv_side::keys ? layers_[layer].keys : layers_[layer].values;
   return detail::window_over(
-      format(side, layer), slots.view(), config().capacity, b.codes.data(),
+      format(side, layer), slots.view(), codec::group_capacity(config().capacity), b.codes.data(),
       b.scales.as<float>().data(), b.signs.empty() ? nullptr : b.signs.data(),
       b.residual_norms.empty() ? nullptr : b.residual_norms.as<float>().data());
 }

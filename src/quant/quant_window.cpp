@@ -27,17 +27,13 @@ void decode_window(const compressed_window& w, std::span<float> out) noexcept {
 
 compressed_window window_over(const compressed_format& f,
                               std::span<const slotted_kv_cache_store::slot_run> slots,
-                              std::size_t capacity, const std::byte* codes, const float* scales,
+                              std::size_t head_stride, const std::byte* codes, const float* scales,
                               const std::byte* signs, const float* residual_norms) {
   std::array<compressed_run, compressed_window::max_runs> runs{};
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    const std::size_t slot = slots[i].slot;
-    runs[i] = {
-        compressed_view{codes + slot * f.code_bytes, scales + slot,
-                        signs ? signs + slot * f.sign_bytes : nullptr,
-                        residual_norms ? residual_norms + slot : nullptr, slots[i].count, capacity},
-        slots[i].first_position};
-  }
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    runs[i] = {compressed_view{codes, scales, signs, residual_norms, slots[i].count, head_stride,
+                               slots[i].slot},
+               slots[i].first_position};
   return compressed_window(f, std::span<const compressed_run>(runs.data(), slots.size()));
 }
 

@@ -1,8 +1,9 @@
 // The snapshot section of every slot store. A store's rows live in *planes*, buffers laid out
-// [kv_heads][capacity] rows of a fixed byte size: the default store has keys and values (raw
+// [kv_heads][head stride] rows of a fixed byte size: the default store has keys and values (raw
 // f32/f16/bf16 elements: nothing is rounded twice); TurboQuant has key codes, key norms, (with
-// QJL) key sign bits and residual norms, value codes and value norms; int8 has key codes, key
-// scales, value codes, value scales. The section is the kind's parameters, per layer (length,
+// QJL) key sign bits and residual norms, value codes and value norms, its key codes and sign
+// bits held in slot groups (quant_codec.h) and written as the packed rows they encode; int8 has
+// key codes, key scales, value codes, value scales. The section is the kind's parameters, per layer (length,
 // window_start), then per layer, per plane, per head the held rows in position order. Rotations
 // and QJL projections are not saved: the store rebuilds them from the saved seed. Loading puts
 // every position back in the slot slot_of gives it, so a wrapped ring keeps its layout.
@@ -16,6 +17,8 @@ module;
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "quant/quant_codec.h"
 module ringkv.snapshot;
 
 namespace ringkv::detail {
@@ -28,35 +31,53 @@ struct snapshot_access<slotted_kv_cache_store> {
     s.layers_[layer].window_start = c.window_start;
   }
 };
+/// One plane of a store as the snapshot sees it: a buffer laid out [kv_heads][head_stride].
+struct plane_ref {
+  storage* buffer = nullptr;
+  std::size_t head_stride = 0;
+};
+
 template <>
 struct snapshot_access<default_kv_cache_store> {
-  static std::vector<storage*> planes(default_kv_cache_store& s, std::size_t l) {
-    return {&s.layers_[l].keys, &s.layers_[l].values};
+  static std::vector<plane_ref> planes(default_kv_cache_store& s, std::size_t l) {
+    const std::size_t slots = s.config().capacity;
+    return {{&s.layers_[l].keys, slots}, {&s.layers_[l].values, slots}};
   }
 };
 template <>
 struct snapshot_access<turboquant_kv_cache_store> {
-  static std::vector<storage*> planes(turboquant_kv_cache_store& s, std::size_t l) {
+  static std::vector<plane_ref> planes(turboquant_kv_cache_store& s, std::size_t l) {
     auto& x = s.layers_[l];
-    if (!s.quant_.qjl) return {&x.keys.codes, &x.keys.scales, &x.values.codes, &x.values.scales};
-    return {&x.keys.codes,          &x.keys.scales,  &x.keys.signs,
-            &x.keys.residual_norms, &x.values.codes, &x.values.scales};
+    const std::size_t slots = codec::group_capacity(s.config().capacity);
+    if (!s.quant_.qjl)
+      return {{&x.keys.codes, slots},
+              {&x.keys.scales, slots},
+              {&x.values.codes, slots},
+              {&x.values.scales, slots}};
+    return {{&x.keys.codes, slots},          {&x.keys.scales, slots},  {&x.keys.signs, slots},
+            {&x.keys.residual_norms, slots}, {&x.values.codes, slots}, {&x.values.scales, slots}};
   }
 };
 template <>
 struct snapshot_access<int8_kv_cache_store> {
-  static std::vector<storage*> planes(int8_kv_cache_store& s, std::size_t l) {
+  static std::vector<plane_ref> planes(int8_kv_cache_store& s, std::size_t l) {
     auto& x = s.layers_[l];
-    return {&x.keys.codes, &x.keys.scales, &x.values.codes, &x.values.scales};
+    const std::size_t slots = s.config().capacity;
+    return {{&x.keys.codes, slots},
+            {&x.keys.scales, slots},
+            {&x.values.codes, slots},
+            {&x.values.scales, slots}};
   }
 };
 
 namespace {
 
-/// One plane's row: bytes, and the element size its bytes are swapped by (1: a byte stream).
+/// One plane's row: bytes, the element size its bytes are swapped by (1: a byte stream), and
+/// for TurboQuant's key codes and signs, the bits of the codes the store holds in slot groups.
 struct plane_spec {
   std::size_t row_bytes;
   std::size_t element;
+  unsigned grouped_bits = 0;
 };
 
 std::size_t bits_bytes(std::size_t d, unsigned bits) { return (d * bits + 7) / 8; }
@@ -71,16 +92,23 @@ std::vector<plane_spec> layout(snapshot_kind kind, const kv_cache_config& c,
               {d * size_of(c.value_type), size_of(c.value_type)}};
     case snapshot_kind::turboquant:
       if (!t.qjl)
-        return {{bits_bytes(d, t.key_bits), 1}, {f, f}, {bits_bytes(d, t.value_bits), 1}, {f, f}};
-      return {{bits_bytes(d, t.key_bits - 1), 1}, {f, f}, {bits_bytes(d, 1), 1}, {f, f},
-              {bits_bytes(d, t.value_bits), 1},   {f, f}};
+        return {{bits_bytes(d, t.key_bits), 1, t.key_bits},
+                {f, f},
+                {bits_bytes(d, t.value_bits), 1},
+                {f, f}};
+      return {{bits_bytes(d, t.key_bits - 1), 1, t.key_bits - 1},
+              {f, f},
+              {bits_bytes(d, 1), 1, 1},
+              {f, f},
+              {bits_bytes(d, t.value_bits), 1},
+              {f, f}};
     case snapshot_kind::int8:
       return {{d, 1}, {f, f}, {d, 1}, {f, f}};
   }
   return {};
 }
 
-std::vector<storage*> planes_of(snapshot_kind kind, kv_cache_store& s, std::size_t l) {
+std::vector<plane_ref> planes_of(snapshot_kind kind, kv_cache_store& s, std::size_t l) {
   switch (kind) {
     case snapshot_kind::default_store:
       return snapshot_access<default_kv_cache_store>::planes(
@@ -97,6 +125,59 @@ std::vector<storage*> planes_of(snapshot_kind kind, kv_cache_store& s, std::size
 struct slot_span {
   std::size_t slot = 0, count = 0;
 };
+
+/// Bytes a plane's buffer takes for `heads` heads of `spec`'s rows.
+std::size_t plane_bytes(const plane_ref& p, const plane_spec& spec, std::size_t heads,
+                        std::size_t d) {
+  return spec.grouped_bits
+             ? heads * p.head_stride / codec::group_slots * codec::group_bytes(d, spec.grouped_bits)
+             : heads * p.head_stride * spec.row_bytes;
+}
+
+/// The group of a grouped plane holding slot `slot` of head h.
+std::byte* group_at(const plane_ref& p, const plane_spec& spec, std::size_t d, std::size_t h,
+                    std::size_t slot) {
+  return p.buffer->data() +
+         (h * p.head_stride + slot) / codec::group_slots * codec::group_bytes(d, spec.grouped_bits);
+}
+
+/// Writes rows [r.slot, r.slot + r.count) of head h of a plane, as packed rows of spec's bytes.
+void save_rows(const plane_ref& p, const plane_spec& spec, std::size_t d, std::size_t h,
+               const slot_span& r, snapshot_out& out) {
+  if (!spec.grouped_bits) {
+    out.elements(p.buffer->data() + (h * p.head_stride + r.slot) * spec.row_bytes,
+                 r.count * spec.row_bytes / spec.element, spec.element);
+    return;
+  }
+  std::vector<std::uint8_t> codes(d);
+  std::vector<std::byte> row(spec.row_bytes);
+  for (std::size_t slot = r.slot; slot < r.slot + r.count; ++slot) {
+    const std::byte* group = group_at(p, spec, d, h, slot);
+    for (std::size_t i = 0; i < d; ++i)
+      codes[i] = codec::grouped_code_at(group, d, spec.grouped_bits, slot % codec::group_slots, i);
+    codec::pack(codes.data(), d, spec.grouped_bits, row.data());
+    out.elements(row.data(), row.size(), 1);
+  }
+}
+
+/// Reads rows [r.slot, r.slot + r.count) of head h of a plane from packed rows at `from`;
+/// returns the bytes read.
+std::size_t load_rows(const plane_ref& p, const plane_spec& spec, std::size_t d, std::size_t h,
+                      const slot_span& r, const std::byte* from) {
+  const std::size_t n = r.count * spec.row_bytes;
+  if (!spec.grouped_bits) {
+    copy_elements(p.buffer->data() + (h * p.head_stride + r.slot) * spec.row_bytes, from,
+                  n / spec.element, spec.element);
+    return n;
+  }
+  std::vector<std::uint8_t> codes(d);
+  for (std::size_t slot = r.slot; slot < r.slot + r.count; ++slot, from += spec.row_bytes) {
+    for (std::size_t i = 0; i < d; ++i) codes[i] = codec::code_at(from, spec.grouped_bits, i);
+    codec::grouped_store(group_at(p, spec, d, h, slot), d, spec.grouped_bits,
+                         slot % codec::group_slots, codes.data());
+  }
+  return n;
+}
 
 // The slot runs of the held positions of `layer` (sinks, ring head, ring tail), in position order.
 std::vector<slot_span> held_runs(const slotted_kv_cache_store& s, std::size_t layer) {
@@ -122,8 +203,13 @@ std::vector<slot_span> held_runs(const slotted_kv_cache_store& s, std::size_t la
 // Bytes the store's buffers take (an upper bound for TurboQuant's rotations), or 0 on overflow.
 std::size_t store_bytes(snapshot_kind kind, const kv_cache_config& c, const turboquant_options& t) {
   std::size_t row = 0, rows = 0, per_layer = 0, total = 0;
-  for (const plane_spec& p : layout(kind, c, t)) row += p.row_bytes;
-  if (__builtin_mul_overflow(c.kv_heads, c.capacity, &rows) ||
+  for (const plane_spec& p : layout(kind, c, t))
+    row +=
+        p.grouped_bits ? (codec::group_bytes(c.head_dim, p.grouped_bits) + 31) / 32 : p.row_bytes;
+  // TurboQuant's heads take whole groups of slots (quant_codec.h).
+  const std::size_t slots =
+      kind == snapshot_kind::turboquant ? codec::group_capacity(c.capacity) : c.capacity;
+  if (slots < c.capacity || __builtin_mul_overflow(c.kv_heads, slots, &rows) ||
       __builtin_mul_overflow(rows, row, &per_layer))
     return 0;
   if (kind == snapshot_kind::turboquant) {
@@ -191,13 +277,11 @@ void save_slots(snapshot_kind kind, const slotted_kv_cache_store& s, snapshot_ou
   auto& writable =
       const_cast<slotted_kv_cache_store&>(s);  // planes_of only hands out buffers to read
   for (std::size_t l = 0; l < c.layers; ++l) {
-    const std::vector<storage*> planes = planes_of(kind, writable, l);
+    const std::vector<plane_ref> planes = planes_of(kind, writable, l);
     const std::vector<slot_span> runs = held_runs(s, l);
     for (std::size_t i = 0; i < specs.size(); ++i)
       for (std::size_t h = 0; h < c.kv_heads; ++h)
-        for (const slot_span& r : runs)
-          out.elements(planes[i]->data() + (h * c.capacity + r.slot) * specs[i].row_bytes,
-                       r.count * specs[i].row_bytes / specs[i].element, specs[i].element);
+        for (const slot_span& r : runs) save_rows(planes[i], specs[i], c.head_dim, h, r, out);
   }
 }
 
@@ -233,18 +317,15 @@ std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in
     snapshot_access<slotted_kv_cache_store>::set(slots, l, counters[l]);
   const std::byte* next = data.data();
   for (std::size_t l = 0; l < c.layers; ++l) {
-    const std::vector<storage*> planes = planes_of(h.kind, *store, l);
+    const std::vector<plane_ref> planes = planes_of(h.kind, *store, l);
     const std::vector<slot_span> runs = held_runs(slots, l);
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (planes[i]->bytes() != c.kv_heads * c.capacity * specs[i].row_bytes)
+      // At least the rows (TurboQuant's value codes keep a few bytes more after them).
+      if (planes[i].buffer->bytes() < plane_bytes(planes[i], specs[i], c.kv_heads, c.head_dim))
         throw std::logic_error("ringkv::load: snapshot plane layout disagrees with the store's");
       for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
-        for (const slot_span& r : runs) {
-          const std::size_t n = r.count * specs[i].row_bytes;
-          copy_elements(planes[i]->data() + (hd * c.capacity + r.slot) * specs[i].row_bytes, next,
-                        n / specs[i].element, specs[i].element);
-          next += n;
-        }
+        for (const slot_span& r : runs)
+          next += load_rows(planes[i], specs[i], c.head_dim, hd, r, next);
     }
   }
   return store;

@@ -1,0 +1,394 @@
+// Per-target expansion of compressed rows stored whole (TurboQuant values, int8 keys and values)
+// straight into the arithmetic: a V row's codes become f32 vectors in registers, the codebook
+// held in SIMD lanes (TableLookupLanes), and are multiplied into the block's sums at once; an
+// int8 key row is converted and dotted with the query. Nothing is written to a tile. A chunk of
+// a row's bytes expands to a few vectors whose lanes are its coordinates in an order fixed per
+// target (expansion order: 4-bit codes of a chunk give its even coordinates, then its odd ones),
+// which the caller undoes once per output row.
+#if defined(RINGKV_EXPAND_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RINGKV_EXPAND_INL_H_
+#undef RINGKV_EXPAND_INL_H_
+#else
+#define RINGKV_EXPAND_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "kernels/dot-inl.h"
+#include "kernels/rows-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace ringkv::simd::HWY_NAMESPACE {
+
+using DI = hn::Rebind<std::int32_t, DF>;
+using DU32 = hn::Rebind<std::uint32_t, DF>;
+
+/// table[idx] per lane for a table of `Vectors` whole vectors (zero-padded): one TableLookupLanes
+/// per table vector, chosen by idx's high bits (one lookup for 16 levels on 16-lane targets).
+template <std::size_t Vectors>
+HWY_INLINE VF Lookup(DF d, const float* levels, hn::Vec<DU32> idx) {
+  const DI di;
+  const std::size_t N = hn::Lanes(d);
+  const auto i = hn::BitCast(di, idx);
+  const auto lane = hn::IndicesFromVec(d, hn::And(i, hn::Set(di, std::int32_t(N - 1))));
+  VF r = hn::TableLookupLanes(hn::Load(d, levels), lane);
+  for (std::size_t v = 1; v < Vectors; ++v) {
+    const auto upper = hn::RebindMask(d, hn::Gt(i, hn::Set(di, std::int32_t(v * N - 1))));
+    r = hn::IfThenElse(upper, hn::TableLookupLanes(hn::Load(d, levels + v * N), lane), r);
+  }
+  return r;
+}
+
+/// Whole vectors a table of `entries` levels takes.
+constexpr std::size_t TableVectors(std::size_t entries) {
+  return (entries + hn::MaxLanes(DF()) - 1) / hn::MaxLanes(DF());
+}
+
+// On 16-lane x86 targets a table of 16 levels is one permute, which reads only the low four
+// bits of each index: indices may keep the bits above their code (no mask), the codebooks of
+// fewer levels repeated to 16 entries (lane_levels).
+#undef RINGKV_PERMUTE_LOW_BITS
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define RINGKV_PERMUTE_LOW_BITS 1
+#endif
+
+/// levels[idx mod 2^Bits] per lane, `levels` the codebook repeated to 16 entries.
+template <unsigned Bits>
+HWY_INLINE VF LookupLevels(DF d, const float* levels, hn::Vec<DU32> idx) {
+#ifdef RINGKV_PERMUTE_LOW_BITS
+  return hn::TableLookupLanes(hn::Load(d, levels), hn::Indices512<float>{idx.raw});
+#else
+  return Lookup<TableVectors(std::size_t{1} << Bits)>(
+      d, levels, hn::And(idx, hn::Set(DU32(), (1u << Bits) - 1)));
+#endif
+}
+
+/// N codes of a chunk's N bytes, one a 32-bit lane.
+HWY_INLINE hn::Vec<DU32> WidenBytes(const std::uint8_t* p) {
+  return hn::PromoteTo(DU32(), hn::LoadU(hn::Rebind<std::uint8_t, DF>(), p));
+}
+
+// The row kinds. Each has: vectors (per chunk), coords() and bytes() (of a chunk), coordinate(e)
+// (the coordinate of expansion index e: chunk e / coords(), vector, lane), and
+// expand(chunk bytes, levels, out[vectors]).
+
+/// 4-bit codes, two a byte: a chunk of N bytes is 2N coordinates, its even ones then its odd.
+struct nibble_rows {
+  static constexpr std::size_t vectors = 2;
+  static constexpr std::size_t coords() { return 2 * hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
+  static std::size_t coordinate(std::size_t e) {
+    const std::size_t N = hn::Lanes(DF()), r = e % (2 * N);
+    return e - r + 2 * (r % N) + r / N;
+  }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    const DF d;
+    const auto x = WidenBytes(p);
+    out[0] = LookupLevels<4>(d, levels, x);
+    out[1] = LookupLevels<4>(d, levels, hn::ShiftRight<4>(x));
+  }
+};
+
+/// 2-bit codes, four a byte: a chunk of N bytes is 4N coordinates, by their position in a byte.
+struct crumb_rows {
+  static constexpr std::size_t vectors = 4;
+  static constexpr std::size_t coords() { return 4 * hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
+  static std::size_t coordinate(std::size_t e) {
+    const std::size_t N = hn::Lanes(DF()), r = e % (4 * N);
+    return e - r + 4 * (r % N) + r / N;
+  }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    const DF d;
+    const auto x = WidenBytes(p);
+    out[0] = LookupLevels<2>(d, levels, x);
+    out[1] = LookupLevels<2>(d, levels, hn::ShiftRight<2>(x));
+    out[2] = LookupLevels<2>(d, levels, hn::ShiftRight<4>(x));
+    out[3] = LookupLevels<2>(d, levels, hn::ShiftRight<6>(x));
+  }
+};
+
+/// The 32 bits at p (little-endian).
+HWY_INLINE std::uint32_t Word32(const std::uint8_t* p) {
+  std::uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+/// 3-bit codes, an LSB-first stream: a chunk is 16 coordinates in order (6 bytes). A lane takes
+/// its code out of a 32-bit word of the chunk holding it whole, broadcast (16 lanes: the words
+/// at bytes 0 and 2, one for each half), and shifted by lane: no shuffle but the codebook's.
+/// Targets of 8 lanes or fewer read up to 2 bytes past the chunk (the store keeps
+/// value_code_padding bytes after its last row).
+struct triple_rows {
+  static constexpr std::size_t lanes = hn::MaxLanes(DF());
+  static constexpr std::size_t vectors = lanes >= 16 ? 1 : 16 / lanes;
+  static constexpr std::size_t coords() { return 16; }
+  static constexpr std::size_t bytes() { return 6; }
+  static std::size_t coordinate(std::size_t e) { return e; }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    const DF d;
+    const DU32 du;
+    const auto iota = hn::Mul(hn::Iota(du, 0), hn::Set(du, 3));
+    if constexpr (lanes >= 16) {
+      // lanes 0-7: bits 3k of the word at byte 0; lanes 8-15: bits 3k - 16 of the one at byte 2
+      const auto second = hn::Not(hn::FirstN(du, 8));
+      const auto shifts = hn::IfThenElse(second, hn::Sub(iota, hn::Set(du, 16)), iota);
+      const auto words = hn::IfThenElse(second, hn::Set(du, Word32(p + 2)), hn::Set(du, Word32(p)));
+      out[0] = LookupLevels<3>(d, levels, hn::Shr(words, shifts));
+    } else {
+      for (std::size_t v = 0; v < vectors; ++v) {
+        const std::size_t first = 3 * v * lanes, byte = first / 8;
+        const auto shifts = hn::Add(iota, hn::Set(du, std::uint32_t(first - 8 * byte)));
+        out[v] = LookupLevels<3>(d, levels, hn::Shr(hn::Set(du, Word32(p + byte)), shifts));
+      }
+    }
+  }
+};
+
+/// int8 codes: a chunk of N bytes is N coordinates in order, converted exactly.
+struct int8_rows {
+  static constexpr std::size_t vectors = 1;
+  static constexpr std::size_t coords() { return hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
+  static std::size_t coordinate(std::size_t e) { return e; }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float*, VF* out) {
+    const hn::Rebind<std::int8_t, DF> d8;
+    out[0] = hn::ConvertTo(
+        DF(), hn::PromoteTo(DI(), hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(p))));
+  }
+};
+
+// Independent multiply-adds a head's row keeps in flight (two pipes × four cycles of latency):
+// with one query head per kv head, rows of fewer vectors are summed in more chains (RowChains);
+// a GQA group's heads are chains enough.
+inline constexpr std::size_t row_accumulators = 8;
+// Accumulators a slice of V chunks keeps in registers (two thirds of them on 32-register targets).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+inline constexpr std::size_t slice_accumulators = 16;
+#else
+inline constexpr std::size_t slice_accumulators = 8;
+#endif
+
+/// Chains a head's sums of `Kind` rows of `chunks` chunks take in a step whose query heads share
+/// each kv head `group` at a time: with GQA one, else as many as fill row_accumulators, up to 4.
+/// Decided by the step's shape alone, never by the heads a call takes.
+template <class Kind>
+HWY_INLINE std::size_t RowChains(std::size_t chunks, std::size_t group) {
+  const std::size_t vectors = chunks * Kind::vectors;
+  if (group > 1 || vectors >= row_accumulators) return 1;
+  return vectors * 2 >= row_accumulators ? 2 : 4;
+}
+
+/// A row's chunks: chunk c of a row starts c · bytes() in, except that the last one, when the
+/// row ends inside it, is read from a zero-padded copy of the row's tail (made for a block's rows
+/// by copy_tails, before the loops that read them: no call inside those).
+struct row_chunks {
+  static constexpr std::size_t max_rows = max_block_positions;
+  std::size_t count = 0, row_bytes = 0, chunk_bytes = 0, chains = 1;
+  std::size_t partial = ~std::size_t{0};  // index of a chunk the row ends inside, if any
+  static constexpr std::size_t max_chunk_bytes = 16;  // a chunk is at most a 16-lane vector's
+  static_assert(hn::MaxLanes(DF()) <= max_chunk_bytes, "a chunk's bytes fit a tail");
+  HWY_ALIGN std::uint8_t tails[max_rows][max_chunk_bytes] = {};  // zero past each row's end
+  template <class Kind>
+  void set(std::size_t d, std::size_t row, std::size_t group) {
+    count = (d + Kind::coords() - 1) / Kind::coords();
+    chains = RowChains<Kind>(count, group);
+    row_bytes = row;
+    chunk_bytes = Kind::bytes();
+    partial = count * chunk_bytes > row ? count - 1 : ~std::size_t{0};
+  }
+  /// Copies the partial chunk of rows [0, n) (n ≤ max_rows), if the rows have one.
+  void copy_tails(const std::byte* const* rows, std::size_t n) {
+    if (partial == ~std::size_t{0}) return;
+    for (std::size_t j = 0; j < n; ++j)
+      std::memcpy(tails[j], rows[j] + partial * chunk_bytes, row_bytes - partial * chunk_bytes);
+  }
+  /// Chunk c of row j (at `row`) of `Kind`.
+  template <class Kind>
+  HWY_INLINE const std::uint8_t* at(const std::byte* row, std::size_t j, std::size_t c) const {
+    return c == partial ? tails[j] : reinterpret_cast<const std::uint8_t*>(row) + c * Kind::bytes();
+  }
+};
+
+/// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j (expansion order) for `Heads` heads
+/// (weights w + h · w_stride, accumulators acc + h · padded) over chunks [c0, c0 + Chunks): per
+/// element `Chains` chains in registers from zero, chain k over the rows j ≡ k (mod Chains), added
+/// pairwise in a fixed order, then one fused fold. The rows are a block's window positions, so
+/// neither the ring's phase nor a split changes the sum.
+/// a[h][·] += w[h · w_stride + j] · row j's chunks [c0, c0 + Chunks) for `Heads` heads (an
+/// always-inlined function, not a lambda: a lambda's captures kept a[] in memory).
+template <class Kind, std::size_t Heads, std::size_t Chunks>
+HWY_INLINE void AccumulateRow(VF (&a)[Heads][Kind::vectors * Chunks], const std::byte* const* rows,
+                              std::size_t j, const float* w, std::size_t w_stride, std::size_t c0,
+                              const row_chunks& chunks, const float* levels) {
+  const DF d;
+  VF wh[Heads];
+  for (std::size_t h = 0; h < Heads; ++h) wh[h] = hn::Set(d, w[h * w_stride + j]);
+  const std::byte* row = rows[j];
+  // Each chunk used at once: few vectors live.
+  HWY_UNROLL(8)
+  for (std::size_t c = 0; c < Chunks; ++c) {
+    VF e[Kind::vectors];
+    Kind::expand(chunks.at<Kind>(row, j, c0 + c), levels, e);
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t v = 0; v < Kind::vectors; ++v)
+        a[h][c * Kind::vectors + v] = hn::MulAdd(wh[h], e[v], a[h][c * Kind::vectors + v]);
+  }
+}
+
+/// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j (expansion order) for `Heads` heads
+/// (weights w + h · w_stride, accumulators acc + h · padded) over chunks [c0, c0 + Chunks): per
+/// element `Chains` chains in registers from zero, chain k over the rows j ≡ k (mod Chains), added
+/// pairwise in a fixed order, then one fused fold. The rows are a block's window positions, so
+/// neither the ring's phase nor a split changes the sum.
+template <class Kind, std::size_t Heads, std::size_t Chunks, std::size_t Chains>
+HWY_INLINE void AccumulateSlice(const std::byte* const* rows, std::size_t n, const float* w,
+                                std::size_t w_stride, const float* rescale, float* acc,
+                                std::size_t padded, std::size_t c0, const row_chunks& chunks,
+                                const float* levels) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d);
+  constexpr std::size_t V = Kind::vectors * Chunks;
+  VF a[Chains][Heads][V];
+  for (std::size_t k = 0; k < Chains; ++k)
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t v = 0; v < V; ++v) a[k][h][v] = hn::Zero(d);
+  std::size_t j = 0;
+  for (; j + Chains <= n; j += Chains)
+    for (std::size_t k = 0; k < Chains; ++k)
+      AccumulateRow<Kind, Heads, Chunks>(a[k], rows, j + k, w, w_stride, c0, chunks, levels);
+  for (std::size_t k = 0; k < Chains; ++k)  // k a constant once unrolled
+    if (j + k < n)
+      AccumulateRow<Kind, Heads, Chunks>(a[k], rows, j + k, w, w_stride, c0, chunks, levels);
+  for (std::size_t width = Chains / 2; width > 0; width /= 2)
+    for (std::size_t k = 0; k < width; ++k)
+      for (std::size_t h = 0; h < Heads; ++h)
+        for (std::size_t v = 0; v < V; ++v) a[k][h][v] = hn::Add(a[k][h][v], a[k + width][h][v]);
+  for (std::size_t h = 0; h < Heads; ++h) {
+    const VF r = hn::Set(d, rescale[h]);
+    float* out = acc + h * padded + c0 * Kind::coords();
+    for (std::size_t v = 0; v < V; ++v)
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, out + v * N), r, a[0][h][v]), d, out + v * N);
+  }
+}
+
+/// AccumulateSlice over chunks [c, chunks.count) in `Chains` chains, in slices of Width chunks
+/// while they fit, then of Width / 2, …, 1.
+template <class Kind, std::size_t Heads, std::size_t Chains, std::size_t Width>
+HWY_INLINE void AccumulateChains(const std::byte* const* rows, std::size_t n, const float* w,
+                                 std::size_t w_stride, const float* rescale, float* acc,
+                                 std::size_t padded, const row_chunks& chunks, const float* levels,
+                                 std::size_t c) {
+  for (; c + Width <= chunks.count; c += Width)
+    AccumulateSlice<Kind, Heads, Width, Chains>(rows, n, w, w_stride, rescale, acc, padded, c,
+                                                chunks, levels);
+  if constexpr (Width > 1)
+    AccumulateChains<Kind, Heads, Chains, Width / 2>(rows, n, w, w_stride, rescale, acc, padded,
+                                                     chunks, levels, c);
+}
+
+/// The widest slice: as many chunks as keep a slice's accumulators within slice_accumulators
+/// (a power of two).
+template <class Kind, std::size_t Heads, std::size_t Chains>
+constexpr std::size_t SliceChunks() {
+  std::size_t width = 1;
+  while (2 * width * Kind::vectors * Heads * Chains <= slice_accumulators) width *= 2;
+  return width;
+}
+
+/// AccumulateChains with the row's chains.
+template <class Kind, std::size_t Heads>
+HWY_INLINE void AccumulateRowsOf(const std::byte* const* rows, std::size_t n, const float* w,
+                                 std::size_t w_stride, const float* rescale, float* acc,
+                                 std::size_t padded, const row_chunks& chunks,
+                                 const float* levels) {
+  switch (chunks.chains) {
+    case 1:
+      return AccumulateChains<Kind, Heads, 1, SliceChunks<Kind, Heads, 1>()>(
+          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+    case 2:
+      return AccumulateChains<Kind, Heads, 2, SliceChunks<Kind, Heads, 2>()>(
+          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+    default:
+      return AccumulateChains<Kind, Heads, 4, SliceChunks<Kind, Heads, 4>()>(
+          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+  }
+}
+
+/// AccumulateRowsOf for 1 to 4 heads.
+template <class Kind>
+HWY_INLINE void AccumulateRows(std::size_t heads, const std::byte* const* rows, std::size_t n,
+                               const float* w, std::size_t w_stride, const float* rescale,
+                               float* acc, std::size_t padded, const row_chunks& chunks,
+                               const float* levels) {
+  switch (heads) {
+    case 1:
+      return AccumulateRowsOf<Kind, 1>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
+    case 2:
+      return AccumulateRowsOf<Kind, 2>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
+    case 3:
+      return AccumulateRowsOf<Kind, 3>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
+    default:
+      return AccumulateRowsOf<Kind, 4>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
+  }
+}
+
+/// Scores of int8 key rows for `Heads` query heads (q + h · q_stride, natural order, zero
+/// padded): per row and head one chain over the row's chunks, summed across lanes four rows at
+/// a time (Sum4: a row's sum the same in any tile), times the row's scale; to
+/// out[h · out_stride + j].
+template <std::size_t Heads>
+HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, std::size_t n,
+                            const float* q, std::size_t q_stride, const row_chunks& chunks,
+                            float* out, std::size_t out_stride) {
+  const DF d;
+  const std::size_t N = hn::Lanes(d);
+  HWY_ALIGN float sums[4];
+  for (std::size_t j0 = 0; j0 < n; j0 += 4) {
+    std::size_t r[4];  // the tile's rows (the last one again past n)
+    for (std::size_t k = 0; k < 4; ++k) r[k] = std::min(j0 + k, n - 1);
+    VF a[4][Heads];
+    for (std::size_t k = 0; k < 4; ++k)
+      for (std::size_t h = 0; h < Heads; ++h) a[k][h] = hn::Zero(d);
+    for (std::size_t c = 0; c < chunks.count; ++c) {
+      VF x[4];
+      for (std::size_t k = 0; k < 4; ++k)
+        int8_rows::expand(chunks.at<int8_rows>(rows[r[k]], r[k], c), nullptr, x + k);
+      for (std::size_t h = 0; h < Heads; ++h) {
+        const VF qv = hn::Load(d, q + h * q_stride + c * N);
+        for (std::size_t k = 0; k < 4; ++k) a[k][h] = hn::MulAdd(qv, x[k], a[k][h]);
+      }
+    }
+    for (std::size_t h = 0; h < Heads; ++h) {
+      Sum4(d, a[0][h], a[1][h], a[2][h], a[3][h], sums);
+      for (std::size_t k = 0; k < 4 && j0 + k < n; ++k)
+        out[h * out_stride + j0 + k] = sums[k] * scales[j0 + k];
+    }
+  }
+}
+
+/// ScoreInt8Of for 1 to 4 heads.
+HWY_INLINE void ScoreInt8(std::size_t heads, const std::byte* const* rows, const float* scales,
+                          std::size_t n, const float* q, std::size_t q_stride,
+                          const row_chunks& chunks, float* out, std::size_t out_stride) {
+  switch (heads) {
+    case 1:
+      return ScoreInt8Of<1>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+    case 2:
+      return ScoreInt8Of<2>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+    case 3:
+      return ScoreInt8Of<3>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+    default:
+      return ScoreInt8Of<4>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+  }
+}
+
+}  // namespace ringkv::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // RINGKV_EXPAND_INL_H_

@@ -1,0 +1,240 @@
+// Per-target fast scan of TurboQuant keys in slot groups (quant_codec.h): the score of a key is
+// norm × Σᵢ q'ᵢ·c[codeᵢ] for the query q' rotated into the kv head's frame, so per query head a
+// table of 16 bytes a unit (the 8-bit rounded q'ᵢ·c of each nibble's codes) turns a group's
+// codes into scores with byte shuffles (TableLookupBytes): one shuffle looks up one unit's
+// codes of 16 slots, a vector of 16 bytes a unit at a time (the "fast scan" of product
+// quantization: André, Kermarrec, Le Scouarnec, VLDB 2015). The lookups are summed in 16-bit
+// lanes, exactly, so a slot's score does not depend on which slots, groups or vectors shared
+// its arithmetic: the bits are those of any ring phase, split or target.
+#if defined(RINGKV_SCAN_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RINGKV_SCAN_INL_H_
+#undef RINGKV_SCAN_INL_H_
+#else
+#define RINGKV_SCAN_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "kernels/rows-inl.h"
+#include "quant_codec.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace ringkv::simd::HWY_NAMESPACE {
+
+using D8 = hn::ScalableTag<std::uint8_t>;
+using D16 = hn::ScalableTag<std::uint16_t>;
+using V16 = hn::Vec<D16>;
+
+/// Query heads a scan takes at once (their 16-bit sums stay in registers).
+inline constexpr std::size_t max_scan_heads = 4;
+
+/// One plane set's lookup tables for a chunk of query heads: per head `kinds` tables of `units`
+/// units of 16 bytes, [heads][kinds][units][16], each entry round(T / delta) + 128 for the
+/// table's value T; a slot's `lookups` entries sum to its score / delta + 128 · lookups.
+struct scan_tables {
+  std::uint8_t* bytes = nullptr;  // 64-byte aligned
+  std::size_t units = 0, kinds = 1, lookups = 0;
+  unsigned bits = 0;  // of the codes: 1, 2, 4 (a nibble of codes a unit) or 3 (three planes)
+  float delta[max_scan_heads] = {};
+  std::size_t head_bytes() const { return 16 * kinds * units; }
+};
+
+/// Sets t's shape for `bits`-bit codes of `d` coordinates (bits 1 to 4).
+HWY_INLINE void ShapeTables(scan_tables& t, std::size_t d, unsigned bits) {
+  t.bits = bits;
+  t.units = codec::group_units(d, bits);
+  t.kinds = bits == 3 ? 4 : 1;
+  t.lookups = bits == 3 ? 4 * t.units : t.units;
+}
+
+/// Coordinate of lookup (kind, unit, position t within the nibble) of t's shape.
+HWY_INLINE std::size_t TableCoordinate(const scan_tables& t, std::size_t kind, std::size_t u,
+                                       std::size_t i) {
+  if (t.bits == 3) return (kind / 2) * 2 * t.units + 2 * u + kind % 2;
+  return u * (4 / t.bits) + i;
+}
+
+/// Head h's tables for query row q (d floats) and levels (2^bits, symmetric): unit u of kind k
+/// looks up entry e = Σ_i c_i << (bits · i) (3 bits: e = c, one coordinate) as
+/// Σ_i q[coordinate i] · levels[c_i]. delta = max |entry| / 127 bounds every entry by the
+/// largest level times the sum of a unit's |q| (0 for a zero query), so the rounded entries lie
+/// in 1..255.
+HWY_INLINE void BuildTables(scan_tables& t, std::size_t h, const float* q, std::size_t d,
+                            const float* levels) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const std::size_t N = hn::Lanes(df), per_unit = t.bits == 3 ? 1 : 4 / t.bits;
+  const unsigned mask = t.bits == 3 ? 7u : (1u << t.bits) - 1;
+  const float top = std::fabs(levels[0]);  // the largest |level| (levels are increasing)
+  // pattern[i][e]: the level of the unit's i-th coordinate in entry e (0 past 3 bits' 8).
+  HWY_ALIGN float pattern[4][16];
+  for (std::size_t i = 0; i < per_unit; ++i)
+    for (unsigned e = 0; e < 16; ++e)
+      pattern[i][e] = t.bits == 3 && e > 7 ? 0.0f : levels[(e >> (t.bits * i)) & mask];
+  const auto coordinate = [&](std::size_t k, std::size_t u, std::size_t i) {
+    const std::size_t c = TableCoordinate(t, k, u, i);
+    return c < d ? q[c] : 0.0f;
+  };
+  float most = 0;
+  for (std::size_t k = 0; k < t.kinds; ++k)
+    for (std::size_t u = 0; u < t.units; ++u) {
+      float sum = 0;
+      for (std::size_t i = 0; i < per_unit; ++i) sum += std::fabs(coordinate(k, u, i));
+      most = std::max(most, sum * top);
+    }
+  t.delta[h] = most / 127.0f;
+  const VF inverse = hn::Set(df, most > 0 ? 127.0f / most : 0.0f);
+  const auto low = hn::Set(di, -127), high = hn::Set(di, 127), bias = hn::Set(di, 128);
+  std::uint8_t* out = t.bytes + h * t.head_bytes();
+  for (std::size_t k = 0; k < t.kinds; ++k)
+    for (std::size_t u = 0; u < t.units; ++u, out += 16)
+      for (std::size_t e = 0; e < 16; e += N) {
+        VF v = hn::Mul(hn::Set(df, coordinate(k, u, 0)), hn::Load(df, pattern[0] + e));
+        for (std::size_t i = 1; i < per_unit; ++i)
+          v = hn::MulAdd(hn::Set(df, coordinate(k, u, i)), hn::Load(df, pattern[i] + e), v);
+        const auto r = hn::Min(hn::Max(hn::NearestInt(hn::Mul(v, inverse)), low), high);
+        hn::StoreU(hn::DemoteTo(d8, hn::Add(r, bias)), d8, out + e);
+      }
+}
+
+/// The sum of a vector's 128-bit blocks (16-bit lanes, wrapping).
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<std::uint16_t, 8>> SumBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 8) {
+    const hn::Half<D> dh;
+    return SumBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    return v;
+  }
+}
+
+/// The 16 slots' sums of a half group from its accumulators: `even` holds each 16-bit lane's two
+/// bytes summed as one number (wrapping), `odd` its high bytes; to out[0..16) in slot order.
+HWY_INLINE void FinishHalf(V16 even, V16 odd, std::uint16_t* out) {
+  const hn::CappedTag<std::uint16_t, 8> d;
+  const auto o = SumBlocks(D16(), odd);
+  const auto e = hn::Sub(SumBlocks(D16(), even), hn::ShiftLeft<8>(o));
+  hn::StoreU(hn::InterleaveLower(d, e, o), d, out);
+  hn::StoreU(hn::InterleaveUpper(d, e, o), d, out + 8);
+}
+
+/// Adds one shuffle's looked-up bytes (16 slots a block) to a half group's accumulators.
+HWY_INLINE void AddLookup(hn::Vec<D8> r, V16& even, V16& odd) {
+  const D16 d16;
+  even = hn::Add(even, hn::BitCast(d16, r));
+  odd = hn::Add(odd, hn::ShiftRight<8>(hn::BitCast(d16, r)));
+}
+
+/// sums[h][32] = per slot of the group at `codes`, the sum of head h's table entries its codes
+/// look up (nibble units: bits 1, 2, 4).
+template <std::size_t Heads>
+HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const scan_tables& t,
+                            std::uint16_t* HWY_RESTRICT sums) {
+  const D8 d8;
+  const D16 d16;
+  const auto low = hn::Set(d8, 0x0F);
+  V16 ae[Heads], ao[Heads], be[Heads], bo[Heads];
+  for (std::size_t h = 0; h < Heads; ++h) ae[h] = ao[h] = be[h] = bo[h] = hn::Zero(d16);
+  const std::size_t stride = t.head_bytes();
+  for (std::size_t at = 0; at < 16 * t.units; at += hn::Lanes(d8)) {
+    const auto x = hn::LoadU(d8, codes + at);
+    const auto a = hn::And(x, low);  // slots 0-15
+    const auto b = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(d16, x))), low);
+    for (std::size_t h = 0; h < Heads; ++h) {
+      const auto table = hn::Load(d8, t.bytes + h * stride + at);
+      AddLookup(hn::TableLookupBytes(table, a), ae[h], ao[h]);
+      AddLookup(hn::TableLookupBytes(table, b), be[h], bo[h]);
+    }
+  }
+  for (std::size_t h = 0; h < Heads; ++h) {
+    FinishHalf(ae[h], ao[h], sums + 32 * h);
+    FinishHalf(be[h], bo[h], sums + 32 * h + 16);
+  }
+}
+
+/// Index bytes of one 3-bit lookup: the low two bits from `pair` shifted down by `low`, the high
+/// bit from `high_bits` moved from bit `high` to bit 2.
+HWY_INLINE hn::Vec<D8> TripleIndex(hn::Vec<D8> pair, hn::Vec<D8> high_bits, int low, int high) {
+  const D8 d8;
+  const D16 d16;
+  const auto h16 = hn::BitCast(d16, high_bits);
+  const auto moved =
+      high >= 2 ? hn::ShiftRightSame(h16, high - 2) : hn::ShiftLeftSame(h16, 2 - high);
+  const auto l = hn::BitCast(d8, hn::ShiftRightSame(hn::BitCast(d16, pair), low));
+  return hn::OrAnd(hn::And(hn::BitCast(d8, moved), hn::Set(d8, 4)), l, hn::Set(d8, 3));
+}
+
+/// As ScanNibbles for 3-bit codes: per unit the low-bit planes of two coordinate pairs and their
+/// high bits, eight lookups (pair p, coordinate t, half s) a unit.
+template <std::size_t Heads>
+HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const scan_tables& t,
+                            std::uint16_t* HWY_RESTRICT sums) {
+  const D8 d8;
+  const D16 d16;
+  V16 ae[Heads], ao[Heads], be[Heads], bo[Heads];
+  for (std::size_t h = 0; h < Heads; ++h) ae[h] = ao[h] = be[h] = bo[h] = hn::Zero(d16);
+  const std::size_t stride = t.head_bytes(), plane = 16 * t.units;
+  for (std::size_t at = 0; at < plane; at += hn::Lanes(d8)) {
+    const auto high_bits = hn::LoadU(d8, codes + 2 * plane + at);
+    for (std::size_t p = 0; p < 2; ++p) {
+      const auto pair = hn::LoadU(d8, codes + p * plane + at);
+      for (std::size_t c = 0; c < 2; ++c) {
+        const auto a = TripleIndex(pair, high_bits, int(4 * c), int(4 * p + 2 * c));
+        const auto b = TripleIndex(pair, high_bits, int(4 * c + 2), int(4 * p + 2 * c + 1));
+        const std::size_t kind = 2 * p + c;
+        for (std::size_t h = 0; h < Heads; ++h) {
+          const auto table = hn::Load(d8, t.bytes + h * stride + kind * plane + at);
+          AddLookup(hn::TableLookupBytes(table, a), ae[h], ao[h]);
+          AddLookup(hn::TableLookupBytes(table, b), be[h], bo[h]);
+        }
+      }
+    }
+  }
+  for (std::size_t h = 0; h < Heads; ++h) {
+    FinishHalf(ae[h], ao[h], sums + 32 * h);
+    FinishHalf(be[h], bo[h], sums + 32 * h + 16);
+  }
+}
+
+/// sums[h][32] for the first `heads` (≤ max_scan_heads) tables of t over the group at `codes`.
+HWY_INLINE void ScanGroup(const std::byte* codes, const scan_tables& t, std::size_t heads,
+                          std::uint16_t* sums) {
+  const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
+  const bool triples = t.bits == 3;
+  switch (heads) {
+    case 1:
+      return triples ? ScanTriples<1>(c, t, sums) : ScanNibbles<1>(c, t, sums);
+    case 2:
+      return triples ? ScanTriples<2>(c, t, sums) : ScanNibbles<2>(c, t, sums);
+    case 3:
+      return triples ? ScanTriples<3>(c, t, sums) : ScanNibbles<3>(c, t, sums);
+    default:
+      return triples ? ScanTriples<4>(c, t, sums) : ScanNibbles<4>(c, t, sums);
+  }
+}
+
+/// out[0, 32) = (sums − 128 · lookups) · delta as floats, times factors[0, 32) (a group's slots).
+HWY_INLINE void ScaleSums(const std::uint16_t* sums, const scan_tables& t, std::size_t h,
+                          const float* factors, float* out) {
+  const DF df;
+  const hn::Rebind<std::int32_t, DF> di;
+  const hn::Rebind<std::uint16_t, DF> du16;
+  const hn::Rebind<std::uint32_t, DF> du32;
+  const auto bias = hn::Set(di, std::int32_t(128 * t.lookups));
+  const VF delta = hn::Set(df, t.delta[h]);
+  for (std::size_t i = 0; i < codec::group_slots; i += hn::Lanes(df)) {
+    const auto n = hn::Sub(hn::BitCast(di, hn::PromoteTo(du32, hn::LoadU(du16, sums + i))), bias);
+    hn::StoreU(hn::Mul(hn::Mul(hn::ConvertTo(df, n), delta), hn::LoadU(df, factors + i)), df,
+               out + i);
+  }
+}
+
+}  // namespace ringkv::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // RINGKV_SCAN_INL_H_
