@@ -153,6 +153,28 @@ float StreamFmaExpPairImpl(const float* a, const float* b, std::size_t n, std::s
   return StreamFmaPairGroup<true>(a, b, n, group, head_dim);
 }
 
+/// Eight independent FMA chains, `repeats` steps: one multiply-add per lane each.
+float FmaPeakImpl(std::size_t repeats) {
+  const DF d;
+  const auto m = hn::Set(d, 0.999999f), e = hn::Set(d, 1e-7f);
+  auto a0 = hn::Set(d, 1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (std::size_t r = 0; r < repeats; ++r) {
+    a0 = hn::MulAdd(a0, m, e);
+    a1 = hn::MulAdd(a1, m, e);
+    a2 = hn::MulAdd(a2, m, e);
+    a3 = hn::MulAdd(a3, m, e);
+    a4 = hn::MulAdd(a4, m, e);
+    a5 = hn::MulAdd(a5, m, e);
+    a6 = hn::MulAdd(a6, m, e);
+    a7 = hn::MulAdd(a7, m, e);
+  }
+  const auto sum =
+      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+std::size_t FmaLanesImpl() { return hn::Lanes(DF()); }
+
 float StreamFmaExpPairInt8Impl(const std::int8_t* a, const std::int8_t* b, std::size_t n,
                                std::size_t group, std::size_t head_dim) {
   return StreamFmaPairGroup<true>(a, b, n, group, head_dim);
@@ -168,6 +190,10 @@ HWY_EXPORT(StreamReadPairImpl);
 HWY_EXPORT(StreamFmaPairImpl);
 HWY_EXPORT(StreamFmaPairF16Impl);
 HWY_EXPORT(StreamFmaExpPairImpl);
+HWY_EXPORT(FmaPeakImpl);
+HWY_EXPORT(FmaLanesImpl);
+float fma_chains(std::size_t repeats) { return HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(repeats); }
+std::size_t fma_lanes() { return HWY_DYNAMIC_DISPATCH(FmaLanesImpl)(); }
 HWY_EXPORT(StreamFmaExpPairInt8Impl);
 float stream_fma_exp_pair_int8(const std::int8_t* a, const std::int8_t* b, std::size_t n,
                                std::size_t group, std::size_t head_dim) {

@@ -1,5 +1,5 @@
-// The bandwidth roof of the attention benchmark: reads memory as fast as this CPU can (Highway,
-// dynamic dispatch), nothing else. Private to the benchmark.
+// The roofs of the benchmarks: reads memory as fast as this CPU can, and multiply-adds as fast
+// as it can (Highway, dynamic dispatch), nothing else. Private to the benchmarks.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +20,11 @@ float stream_fma_exp_pair(const float* a, const float* b, std::size_t n, std::si
 /// the floor of a step over f16 rows; O(n·group).
 float stream_fma_pair_f16(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
                           std::size_t group);
+/// Eight independent FMA chains of `repeats` steps, no loads: this core's arithmetic peak
+/// (8 · fma_lanes() · repeats multiply-adds); O(repeats).
+float fma_chains(std::size_t repeats);
+/// f32 lanes of the vectors fma_chains runs on (the dispatched target's); O(1).
+std::size_t fma_lanes();
 /// stream_fma_exp_pair over n int8 elements of each array, each vector converted to f32 first:
 /// the floor of an exact step over int8 rows (their per-row scales left out); O(n·group).
 float stream_fma_exp_pair_int8(const std::int8_t* a, const std::int8_t* b, std::size_t n,

@@ -179,28 +179,6 @@ float CoreImpl(std::size_t dim, std::size_t positions, std::size_t kv_heads, con
   return sum;
 }
 
-/// Eight independent FMA chains, `repeats` steps: one multiply-add per lane each.
-float FmaPeakImpl(std::size_t repeats) {
-  const hn::ScalableTag<float> d;
-  const auto m = hn::Set(d, 0.999999f), e = hn::Set(d, 1e-7f);
-  auto a0 = hn::Set(d, 1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  for (std::size_t r = 0; r < repeats; ++r) {
-    a0 = hn::MulAdd(a0, m, e);
-    a1 = hn::MulAdd(a1, m, e);
-    a2 = hn::MulAdd(a2, m, e);
-    a3 = hn::MulAdd(a3, m, e);
-    a4 = hn::MulAdd(a4, m, e);
-    a5 = hn::MulAdd(a5, m, e);
-    a6 = hn::MulAdd(a6, m, e);
-    a7 = hn::MulAdd(a7, m, e);
-  }
-  const auto sum =
-      hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
-  return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
-std::size_t FmaLanesImpl() { return hn::Lanes(hn::ScalableTag<float>()); }
-
 }  // namespace ringkv_bench::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -211,8 +189,6 @@ namespace {
 HWY_EXPORT(RunPartImpl);
 HWY_EXPORT(WalkImpl);
 HWY_EXPORT(CoreImpl);
-HWY_EXPORT(FmaPeakImpl);
-HWY_EXPORT(FmaLanesImpl);
 
 constexpr std::size_t repeats_per_iteration = 64;
 constexpr std::size_t rows = ringkv::simd::block_positions;
@@ -276,8 +252,8 @@ void walk(benchmark::State& state) {
 
 void fma_peak(benchmark::State& state) {
   constexpr std::size_t steps = 1 << 16;
-  for (auto _ : state) benchmark::DoNotOptimize(HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(steps));
-  const double lanes = double(HWY_DYNAMIC_DISPATCH(FmaLanesImpl)());
+  for (auto _ : state) benchmark::DoNotOptimize(fma_chains(steps));
+  const double lanes = double(fma_lanes());
   state.counters["multiply_adds_per_second"] =
       benchmark::Counter(8.0 * lanes * steps, benchmark::Counter::kIsIterationInvariantRate);
 }

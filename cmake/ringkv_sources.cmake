@@ -22,6 +22,7 @@ set(RINGKV_SOURCES
   src/store/store_slotted.cpp
   src/store/store_default.cpp
   src/kernels/simd.cpp
+  src/kernels/prefill.cpp
   src/kernels/cache_sizes.cpp
   src/parallel/parallel.cpp
   src/kernels/decode_split.cpp

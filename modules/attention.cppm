@@ -36,13 +36,13 @@ struct prefill_options {
                            // store's windows, resetting it); null: a local one per call
 };
 
-/// Decode and prefill attention over windows. Without a pool it is stateless apart from
-/// its options, so one object may serve any number of threads at once. With a pool it owns the
-/// scratch of the split's partial states: grown on the first step that needs more (one traced
-/// allocation, "split-decode-scratch", to the sink; reserve() does it up front) and reused, so
-/// warm steps allocate nothing. Concurrent steps on one object stay correct: a step that finds
-/// the scratch in use by another thread's step runs on its own thread instead (same bits), so
-/// for parallel speed give each calling thread its own object (they may share the pool).
+/// Decode and prefill attention over windows. It owns one scratch: the split decode's partial
+/// states (with a pool) and the tiled prefill's tiles, grown by the first step that needs more
+/// (one traced allocation, "split-decode-scratch" or "prefill-scratch", to the sink; reserve()
+/// does the decode's up front) and reused, so warm steps allocate nothing. Concurrent steps on
+/// one object stay correct: a step that finds the scratch in use by another thread's step runs
+/// without it on its own thread (decode unsplit, prefill one decode a query; same bits), so for
+/// speed give each calling thread its own object (they may share the pool).
 class windowed_attention {
  public:
   /// No sink, no pool; O(1).
@@ -82,8 +82,10 @@ class windowed_attention {
   /// of C calls of append + decode_step however a prompt is cut, and a store other than
   /// default_kv_cache_store gets that very loop (detail::append_and_attend; a compressed one from
   /// its codes). Checks all first (std::invalid_argument / std::out_of_range naming the argument,
-  /// cache_full for a dense store without room), `out` and the store untouched. A pool splits the
-  /// queries (same bits). O(C · W · q_heads · head_dim); no allocation for f32 or a fitting arena.
+  /// cache_full for a dense store without room), `out` and the store untouched. The default
+  /// store's chunks go through kernels::prefill (tiles of queries loading each block of rows once;
+  /// split across the pool by kv head and tile, same bits), the object's scratch grown once.
+  /// O(C · W · q_heads · head_dim); once warm, no allocation for f32 or with a fitting arena.
   void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
                std::span<const float> keys, std::span<const float> values, std::span<float> out,
                const prefill_options& options = {}) const;

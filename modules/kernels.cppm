@@ -104,6 +104,31 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
             std::span<float> out, float scale, std::span<const float> sinks, thread_pool& pool,
             std::span<float> scratch);
 
+/// Where a prefill chunk's queries sit and what each sees (see prefill()).
+struct chunk_window {
+  std::size_t first = 0;   // position of the chunk's first query
+  std::size_t window = 0;  // W: keys a query sees, counting itself and the pinned ones
+  std::size_t keep = 0;    // S < W pinned positions 0 … S − 1
+};
+/// Floats of scratch prefill() needs on `threads` threads for queries of q_heads over kv_heads
+/// heads of head_dim: per thread, a tile's queries, a block's scores, its running and segment
+/// states, and a block's K and V rows as f32; O(1).
+std::size_t prefill_scratch_floats(std::size_t q_heads, std::size_t kv_heads, std::size_t head_dim,
+                                   std::size_t threads) noexcept;
+/// Attention for `tokens` queries [tokens, q_heads * head_dim] at positions p = at.first, … :
+/// query p attends to the positions of keys/values in its window (W = at.window, S = at.keep:
+/// 0 … p while p + 1 <= W, else 0 … S − 1 and p − (W − S) + 1 … p) with exactly the bits decode()
+/// gives over that window alone (its block, segments, merge and finish). Queries are tiled (up to
+/// 64 query heads of one kv head a tile) and each block of a kv head's rows is loaded once for
+/// the whole tile (f16/bf16 rows promoted once). Split across `pool` (null: the calling thread)
+/// by (kv head, tile), with the same bits. keys/values hold every position a query sees (others
+/// are ignored); `scratch`, 64-byte aligned, at least prefill_scratch_floats(q_heads, kv_heads,
+/// head_dim, pool ? pool->size() : 1). Throws std::invalid_argument as check_decode does, and
+/// for a window that does not exceed keep, positions a query sees missing, or the scratch, with
+/// `out` untouched. O(tokens · W · q_heads · head_dim / threads), no allocation.
+void prefill(std::span<const float> queries, std::size_t tokens, const windowed_kv& keys,
+             const windowed_kv& values, const chunk_window& at, std::span<float> out, float scale,
+             std::span<const float> sinks, thread_pool* pool, std::span<float> scratch);
 /// Makes `s` empty: max −inf, sum and acc 0. Throws std::invalid_argument on inconsistent
 /// sizes; O(size).
 void clear(const softmax_state& s);

@@ -7,14 +7,18 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 #include <range/v3/iterator/operations.hpp>
 
+#include "cache_kind.hpp"
 #include "count_new.hpp"
+#include "hwy_targets.hpp"
 
 import ringkv;
 
@@ -31,9 +35,9 @@ constexpr std::size_t head_dim = 16, q_heads = 8;
 struct prompt {
   std::size_t q_row, kv_row;
   std::vector<float> q, k, v;
-  prompt(std::size_t n, std::size_t kv_heads, unsigned seed, float spread = 1.0f)
-      : q_row(q_heads * head_dim), kv_row(kv_heads * head_dim), q(n * q_row), k(n * kv_row),
-        v(n * kv_row) {
+  prompt(std::size_t n, std::size_t kv_heads, unsigned seed, float spread = 1.0f,
+         std::size_t heads = q_heads, std::size_t dim = head_dim)
+      : q_row(heads * dim), kv_row(kv_heads * dim), q(n * q_row), k(n * kv_row), v(n * kv_row) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, spread);
     for (auto* buf : {&q, &k, &v})
@@ -150,6 +154,48 @@ double max_abs_diff(std::span<const float> got, const std::vector<double>& want)
   for (std::size_t i = 0; i < got.size(); ++i)
     worst = std::max(worst, std::abs(double(got[i]) - want[i]));
   return worst;
+}
+
+/// Query heads, kv heads and head_dim of a prefill test's layer.
+struct shape {
+  std::size_t q_heads, kv_heads, head_dim;
+};
+
+ringkv::default_kv_cache_store ring_of(const shape& s, std::size_t capacity, std::size_t keep,
+                                       ringkv::dtype type) {
+  return ringkv::default_kv_cache_store({.layers = 1,
+                                         .kv_heads = s.kv_heads,
+                                         .head_dim = s.head_dim,
+                                         .capacity = capacity,
+                                         .key_type = type,
+                                         .value_type = type},
+                                        {.sliding_window = true, .keep = keep});
+}
+
+prompt prompt_of(const shape& s, std::size_t n, unsigned seed) {
+  return prompt(n, s.kv_heads, seed, 1.0f, s.q_heads, s.head_dim);
+}
+
+/// The whole of `p` prefilled into `store` in chunks of the given sizes, on `threads` threads
+/// (0: no pool), one attention object and arena for all chunks.
+std::vector<float> prefilled_in(ringkv::kv_cache_store& store, const prompt& p,
+                                const std::vector<std::size_t>& chunks, std::size_t threads,
+                                std::span<const float> sinks = {}) {
+  std::optional<ringkv::default_thread_pool> pool;
+  if (threads > 0) pool.emplace(threads);
+  const ringkv::windowed_attention attention(
+      ringkv::attention_options{nullptr, pool ? &*pool : nullptr});
+  ringkv::scope arena(64);
+  std::vector<float> out(p.q.size());
+  std::size_t at = 0;
+  for (const std::size_t n : chunks) {
+    arena.reset();
+    attention.prefill(store, 0, p.qs(at, n), p.ks(at, n), p.vs(at, n),
+                      std::span<float>(out).subspan(at * p.q_row, n * p.q_row),
+                      {.sinks = sinks, .arena = &arena});
+    at += n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -465,6 +511,7 @@ BOOST_AUTO_TEST_CASE(prefill_across_1_2_3_and_8_threads_gives_the_same_bits_and_
     std::vector<float> out(300 * p.q_row);
     attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100),
                       std::span<float>(out).first(100 * p.q_row), {.sinks = sinks});
+    rec.clear();  // the first chunk grew the scratch: "prefill-scratch"
     const ringkv_test::new_counter counter;
     attention.prefill(store, 0, p.qs(100, 200), p.ks(100, 200), p.vs(100, 200),
                       std::span<float>(out).subspan(100 * p.q_row), {.sinks = sinks});
@@ -488,16 +535,19 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_prefill_equals_decode_and_stores_the_rows_roun
       token_by_token(b, p, 0, 40);
       const auto want = token_by_token(a, p, 40, 3 * w);
       ringkv::scope arena(64);
-      const auto got = prefilled(b, p, 40, 3 * w, {.arena = &arena});
+      trace::recorder rec(64);
+      const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
+      std::vector<float> got(3 * w * p.q_row);
+      attention.prefill(b, 0, p.qs(40, 3 * w), p.ks(40, 3 * w), p.vs(40, 3 * w), got,
+                        {.arena = &arena});
       BOOST_TEST_INFO(ringkv::name_of(type) << " keep " << keep);
       BOOST_TEST(same_bits(got, want));
       BOOST_TEST(same_store(a, b));
       // A second call with the arena reset allocates nothing, and says what it copies: the
       // chunk's K and V rows rounded to the store's type (10 tokens × 2 kv heads × head_dim).
       arena.reset();
+      rec.clear();
       std::vector<float> out(10 * p.q_row);
-      trace::recorder rec(64);
-      const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
       const ringkv_test::new_counter counter;
       attention.prefill(b, 0, p.qs(0, 10), p.ks(0, 10), p.vs(0, 10), out, {.arena = &arena});
       BOOST_TEST(counter.calls() == 0u);
@@ -511,4 +561,160 @@ BOOST_AUTO_TEST_CASE(f16_and_bf16_prefill_equals_decode_and_stores_the_rows_roun
       BOOST_TEST(copies == (std::vector<std::string>{"keys", "values"}),
                  boost::test_tools::per_element());
     }
+}
+
+BOOST_AUTO_TEST_CASE(tiled_prefill_equals_decode_for_every_target_type_chunking_and_thread_count) {
+  // Windows past a segment (1024 positions: partial states merged), query heads in groups of 3
+  // (tiles of 21 queries, wide score tiles across queries) and head_dim 18 (a partial last
+  // vector on every target); from a fresh ring, so blocks change from 32 to 64 positions inside
+  // the first chunk on a machine with a large L2, and the later chunks start on a wrapped ring.
+  const shape geometry{6, 2, 18};
+  const std::size_t w = 1040, n = 1100;
+  const prompt p = prompt_of(geometry, n, 61);
+  std::vector<float> sinks(geometry.q_heads);
+  for (std::size_t h = 0; h < sinks.size(); ++h) sinks[h] = 0.3f * float(h) - 0.5f;
+  const std::vector<std::vector<std::size_t>> chunkings = {
+      {n}, {517, 1, 64, 518}, std::vector<std::size_t>(n, 1)};
+  std::size_t compared = 0;
+  ringkv_test::for_each_target([&](const char* target) {
+    for (const auto type : {ringkv::dtype::f32, ringkv::dtype::f16, ringkv::dtype::bf16})
+      for (const std::size_t keep : {0u, 3u}) {
+        const std::span<const float> logits =
+            keep ? std::span<const float>(sinks) : std::span<const float>();
+        auto decoded = ring_of(geometry, w, keep, type);
+        const auto want = token_by_token(decoded, p, 0, n, logits);
+        for (std::size_t c = 0; c < chunkings.size(); ++c)
+          for (const std::size_t threads : {0u, 2u, 3u}) {
+            if (c == 2 && threads == 3) continue;  // chunks of 1: one tile each, as with 2
+            auto store = ring_of(geometry, w, keep, type);
+            const auto got = prefilled_in(store, p, chunkings[c], threads, logits);
+            BOOST_TEST_INFO(target << " " << ringkv::name_of(type) << " keep " << keep
+                                   << " chunking " << c << " threads " << threads);
+            BOOST_TEST(same_bits(got, want));
+            BOOST_TEST(same_store(store, decoded));
+            ++compared;
+          }
+      }
+  });
+  BOOST_TEST(compared % 48 == 0u);  // 3 types × 2 keeps × 8 runs a target
+  BOOST_TEST(compared > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(tiled_prefill_takes_decodes_block_for_each_query_on_every_cache_kind) {
+  // One query head per kv head with rows of 520 floats: on a machine with a small L2 a query's
+  // block falls from 32 to 16 positions once its window passes 252 positions (its kv head's K
+  // and V pass 1 MiB), on the others it rises to 64 at 256: tiles must not mix queries of
+  // different blocks. Keep 2, so the pinned rows and the rolling ones share a block.
+  const shape geometry{2, 2, 520};
+  const std::size_t w = 300, n = 400;
+  const prompt p = prompt_of(geometry, n, 67);
+  std::size_t compared = 0;
+  ringkv_test::for_each_target([&](const char* target) {
+    for (const auto kind : {ringkv::simd::cache_kind::small_l2, ringkv::simd::cache_kind::large_l2,
+                            ringkv::simd::cache_kind::large_l3}) {
+      const ringkv_test::cache_kind_override forced(kind);
+      auto decoded = ring_of(geometry, w, 2, ringkv::dtype::f32);
+      const auto want = token_by_token(decoded, p, 0, n);
+      for (const auto& [chunks, threads] : {std::pair{std::vector<std::size_t>{n}, 0u},
+                                            std::pair{std::vector<std::size_t>{251, 3, 146}, 2u}}) {
+        auto store = ring_of(geometry, w, 2, ringkv::dtype::f32);
+        BOOST_TEST_INFO(target << " cache kind " << int(kind) << " threads " << threads);
+        BOOST_TEST(same_bits(prefilled_in(store, p, chunks, threads), want));
+        ++compared;
+      }
+    }
+  });
+  BOOST_TEST(compared % 6 == 0u);
+  BOOST_TEST(compared > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(the_first_prefill_grows_the_scratch_once_and_the_trace_says_so) {
+  // The tiled kernel's scratch is the attention object's: one traced allocation on the first
+  // chunk, none after; each chunk is one kernel_run.
+  trace::recorder rec(64, true);
+  auto store = ring(2, 64, 2, ringkv::dtype::f32);
+  const prompt p(200, 2, 71);
+  ringkv::default_thread_pool pool(2);
+  const ringkv::windowed_attention attention(ringkv::attention_options{&rec, &pool});
+  std::vector<float> out(100 * p.q_row);
+  attention.prefill(store, 0, p.qs(0, 100), p.ks(0, 100), p.vs(0, 100), out);
+  const std::size_t need = ringkv::kernels::prefill_scratch_floats(q_heads, 2, head_dim, 2);
+  std::vector<std::string> sites;
+  for (const auto& a : rec.of<trace::allocation>()) {
+    sites.emplace_back(a.site);
+    BOOST_TEST(a.bytes == need * sizeof(float));
+  }
+  BOOST_TEST(sites == std::vector<std::string>{"prefill-scratch"},
+             boost::test_tools::per_element());
+  rec.clear();
+  attention.prefill(store, 0, p.qs(100, 100), p.ks(100, 100), p.vs(100, 100), out);
+  BOOST_TEST(ranges::distance(rec.of<trace::allocation>()) == 0);
+  std::vector<std::string> kernels;
+  for (const auto& k : rec.of<trace::kernel_run>()) kernels.emplace_back(k.kernel);
+  BOOST_TEST(kernels == std::vector<std::string>{"attention.prefill"},
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(prefills_on_one_object_from_two_threads_give_the_bits_of_one_at_a_time) {
+  // The second of two concurrent prefills finds the scratch held and decodes each query on its
+  // own thread instead: the same bits whichever ran tiled.
+  const std::size_t w = 64;
+  const prompt p(150, 2, 73);
+  auto reference_store = ring(2, w, 2);
+  const auto want = prefilled(reference_store, p, 0, 150);
+  const ringkv::windowed_attention attention;
+  std::vector<std::vector<float>> outs(2, std::vector<float>(150 * p.q_row));
+  std::vector<ringkv::default_kv_cache_store> stores;
+  for (int i = 0; i < 2; ++i) stores.push_back(ring(2, w, 2));
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 0; i < 2; ++i)
+      threads.emplace_back([&, i] {
+        for (std::size_t at = 0; at < 150; at += 10)
+          attention.prefill(stores[i], 0, p.qs(at, 10), p.ks(at, 10), p.vs(at, 10),
+                            std::span<float>(outs[i]).subspan(at * p.q_row, 10 * p.q_row));
+      });
+  }
+  for (std::size_t i = 0; i < 2; ++i) {
+    BOOST_TEST(same_bits(outs[i], want));
+    BOOST_TEST(same_store(stores[i], reference_store));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_prefill_kernel_refuses_missing_positions_and_short_scratch) {
+  using store_test::mentions;
+  const prompt p(20, 2, 79);
+  auto store = ring(2, 32);
+  token_by_token(store, p, 0, 10);
+  std::vector<float> out_rows(4 * p.q_row, 7.0f);
+  const std::span<float> out(out_rows);
+  const std::size_t need = ringkv::kernels::prefill_scratch_floats(q_heads, 2, head_dim, 1);
+  ringkv::storage scratch((need + 16) * sizeof(float), "test-scratch");
+  const auto floats = scratch.as<float>();
+  const auto keys = store.key_window(0, 0, 10), values = store.value_window(0, 0, 10);
+  // Queries at 10 … 13 see up to position 13; the store holds 0 … 9.
+  BOOST_CHECK_EXCEPTION(ringkv::kernels::prefill(p.qs(10, 4), 4, keys, values, {10, 32, 0}, out,
+                                                 0.0f, {}, nullptr, floats),
+                        std::invalid_argument, [](const auto& e) {
+                          return mentions(e, {"keys cover positions [0, 10)", "see [0, 14)"});
+                        });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::kernels::prefill(p.qs(9, 1), 1, keys, values, {9, 32, 0}, out.first(p.q_row), 0.0f,
+                               {}, nullptr, floats.first(need - 1)),
+      std::invalid_argument, [](const auto& e) { return mentions(e, {"scratch has"}); });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::kernels::prefill(p.qs(9, 1), 1, keys, values, {9, 32, 0}, out.first(p.q_row), 0.0f,
+                               {}, nullptr, floats.subspan(1, need)),
+      std::invalid_argument, [](const auto& e) { return mentions(e, {"64-byte aligned"}); });
+  BOOST_CHECK_EXCEPTION(ringkv::kernels::prefill(p.qs(9, 1), 1, keys, values, {9, 4, 4},
+                                                 out.first(p.q_row), 0.0f, {}, nullptr, floats),
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"exceed keep 4"}); });
+  BOOST_TEST(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
+  // The last held position, as one query: decode's bits over its window.
+  std::vector<float> want(p.q_row);
+  ringkv::kernels::decode(p.qs(9, 1), keys, values, want);
+  ringkv::kernels::prefill(p.qs(9, 1), 1, keys, values, {9, 32, 0}, out.first(p.q_row), 0.0f, {},
+                           nullptr, floats);
+  BOOST_TEST(same_bits(out.first(p.q_row), want));
 }

@@ -1,9 +1,11 @@
-// windowed_attention::prefill: each query of a chunk attends the store's runs (as they lie in the
-// ring) followed by the chunk's own rows, through the decode kernel, so prefill and token-by-token
-// decode share one arithmetic; the chunk is appended only after every output is computed.
+// windowed_attention::prefill: the chunk's queries attend the store's runs (as they lie in the
+// ring) followed by the chunk's own rows, through the tiled kernel (kernels::prefill), which keeps
+// decode's arithmetic per query, so prefill and token-by-token decode give the same bits; the
+// chunk is appended only after every output is computed.
 module;
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -173,22 +175,32 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
     const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena, *sink_, "keys");
     const tensor_view chunk_v =
         chunk_view(values, c.value_type, c, s.tokens, arena, *sink_, "values");
-    // Queries are independent (each its own decode, stack scratch): a pool takes contiguous
-    // ranges of them, several per thread since later queries of a fresh ring see more keys.
-    const std::size_t tasks = pool_ ? std::min(s.tokens, 4 * pool_->size()) : 1;
-    const auto attend_range = [&](std::size_t task) {
-      for (std::size_t i = task * s.tokens / tasks; i < (task + 1) * s.tokens / tasks; ++i) {
+    if (!scratch_busy_.test_and_set(std::memory_order_acquire)) {
+      // The tiled kernel, with this object's scratch (grown once, then reused).
+      struct release {
+        std::atomic_flag& busy;
+        ~release() { busy.clear(std::memory_order_release); }
+      } const held{scratch_busy_};
+      const std::size_t floats = kernels::prefill_scratch_floats(
+          s.q_row / c.head_dim, c.kv_heads, c.head_dim, pool_ ? pool_->size() : 1);
+      if (scratch_.bytes() < floats * sizeof(float))
+        scratch_ = storage(floats * sizeof(float), "prefill-scratch", *sink_);
+      std::array<position_range, 2> all = seen(length, s.window, keep);
+      (all[1].to != 0 ? all[1] : all[0]).to = length + s.tokens;  // up to the last query
+      kernels::prefill(queries, s.tokens, token_window(held_k, chunk_k, length, all),
+                       token_window(held_v, chunk_v, length, all), {length, s.window, keep}, out,
+                       s.scale, options.sinks, pool_, scratch_.as<float>());
+    } else {
+      // Another thread's step holds the scratch: each query its own decode (stack scratch),
+      // the same bits, on this thread.
+      for (std::size_t i = 0; i < s.tokens; ++i) {
         const auto window = seen(length + i, s.window, keep);
         kernels::decode(queries.subspan(i * s.q_row, s.q_row),
                         token_window(held_k, chunk_k, length, window),
                         token_window(held_v, chunk_v, length, window),
                         out.subspan(i * s.q_row, s.q_row), s.scale, options.sinks);
       }
-    };
-    if (tasks > 1)
-      pool_->parallel_for(tasks, attend_range);
-    else
-      attend_range(0);
+    }
     for (std::size_t i = 0; i < s.tokens; ++i)
       store.append(layer, keys.subspan(i * s.kv_row, s.kv_row),
                    values.subspan(i * s.kv_row, s.kv_row));

@@ -80,6 +80,21 @@ HWY_INLINE void DecodeSegments(const window& positions, std::size_t dim, const c
   FinishRows(n, dim, run, sinks ? sinks + c.q0 : nullptr, run.acc);
 }
 
+/// Calls run(row_loader<T>{}) for the element type T of the problem's rows: one switch per
+/// call, never per row (keys and values share the type; kernels::check_windows enforces it).
+template <class Run>
+HWY_INLINE void WithLoader(const problem& p, Run&& run) {
+  switch (p.keys.type) {
+    case element::f16:
+      return run(row_loader<hwy::float16_t>{});
+    case element::bf16:
+      return run(row_loader<hwy::bfloat16_t>{});
+    case element::f32:
+      break;
+  }
+  run(row_loader<float>{});
+}
+
 }  // namespace ringkv::simd::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

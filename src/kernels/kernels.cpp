@@ -5,6 +5,7 @@ module;
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -232,6 +233,73 @@ void decode(std::span<const float> query, const windowed_kv& keys, const windowe
     simd::run_split_task(p, plan, task, sink_logits, out.data(), scratch.data());
   });
   simd::finish_split(p, plan, sink_logits, out.data(), scratch.data());
+}
+
+std::size_t prefill_scratch_floats(std::size_t q_heads, std::size_t kv_heads, std::size_t head_dim,
+                                   std::size_t threads) noexcept {
+  simd::prefill_problem p;
+  p.step.q_heads = q_heads;
+  p.step.kv_heads = kv_heads;
+  p.step.head_dim = head_dim;
+  return simd::prefill_task_floats(p) * std::max<std::size_t>(threads, 1);
+}
+
+void prefill(std::span<const float> queries, std::size_t tokens, const windowed_kv& keys,
+             const windowed_kv& values, const chunk_window& at, std::span<float> out, float scale,
+             std::span<const float> sinks, thread_pool* pool, std::span<float> scratch) {
+  constexpr std::string_view caller = "ringkv::kernels::prefill";
+  if (tokens == 0 || queries.size() % tokens != 0)
+    refuse(caller, "queries has " + str(queries.size()) + " floats for " + str(tokens) +
+                       " tokens; expected tokens (> 0) * q_heads * head_dim");
+  if (out.size() != queries.size())
+    refuse(caller, "out has " + str(out.size()) + " floats but queries has " + str(queries.size()));
+  if (overlaps(out, queries)) refuse(caller, "out overlaps queries");
+  const std::size_t q_row = queries.size() / tokens;
+  const float s =
+      check_decode(caller, queries.first(q_row), keys, values, out.first(q_row), scale, sinks);
+  if (at.window == 0 || (at.keep > 0 && at.keep >= at.window))
+    refuse(caller,
+           "window " + str(at.window) + " must be positive and exceed keep " + str(at.keep));
+  // Every position a query sees: [0, S) and [from, last] for the first query's rolling start.
+  const std::size_t last = at.first + tokens - 1;
+  const std::size_t from = at.first + 1 > at.window ? at.first + 1 - (at.window - at.keep) : 0;
+  const intervals held = positions_of(keys);
+  const auto holds = [&](std::size_t lo, std::size_t hi) {
+    return lo >= hi || std::any_of(held.at.begin(), held.at.begin() + held.count,
+                                   [&](auto iv) { return iv.first <= lo && hi <= iv.second; });
+  };
+  if (!holds(from, last + 1) || (from > 0 && !holds(0, std::min(at.keep, last + 1))))
+    refuse(caller, "keys cover positions " + describe(held) + "; queries at " + str(at.first) +
+                       " … " + str(last) + " see [" + str(from) + ", " + str(last + 1) +
+                       ") and the " + str(at.keep) + " kept ones");
+  simd::prefill_problem p;
+  p.step = view_of(queries.first(q_row), keys, values, s);
+  p.tokens = tokens;
+  p.first = at.first;
+  p.window = at.window;
+  p.keep = at.keep;
+  const std::size_t threads = pool ? pool->size() : 1;
+  const std::size_t per_task = simd::prefill_task_floats(p);
+  if (scratch.size() < per_task * threads)
+    refuse(caller, "scratch has " + str(scratch.size()) +
+                       " floats; prefill_scratch_floats = " + str(per_task * threads) + " needed");
+  if (reinterpret_cast<std::uintptr_t>(scratch.data()) % 64 != 0)
+    refuse(caller, "scratch is not 64-byte aligned");
+  if (overlaps(scratch, out) || overlaps(scratch, queries) || overlaps(scratch, sinks))
+    refuse(caller, "scratch overlaps out, queries or sinks");
+  const simd::prefill_plan plan = simd::plan_prefill(p);
+  // kv head major: a thread's tiles of one kv head read rows the previous tile left in cache.
+  const std::size_t items = plan.tiles * p.step.kv_heads, tasks = std::min(threads, items);
+  const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
+  const auto run = [&](std::size_t task) {
+    for (std::size_t item = task; item < items; item += tasks)
+      simd::attend_tile(p, simd::tile_of(plan, item % plan.tiles), item / plan.tiles, sink_logits,
+                        out.data(), scratch.data() + task * per_task);
+  };
+  if (tasks > 1)
+    pool->parallel_for(tasks, run);
+  else
+    run(0);
 }
 
 void clear(const softmax_state& s) {

@@ -66,21 +66,6 @@ HWY_NOINLINE void DecodeT(const problem& p, const float* sinks, float* out) {
   }
 }
 
-/// Calls run(row_loader<T>{}) for the element type T of the problem's rows: one switch per
-/// call, never per row (keys and values share the type; kernels::check_windows enforces it).
-template <class Run>
-HWY_INLINE void WithLoader(const problem& p, Run&& run) {
-  switch (p.keys.type) {
-    case element::f16:
-      return run(row_loader<hwy::float16_t>{});
-    case element::bf16:
-      return run(row_loader<hwy::bfloat16_t>{});
-    case element::f32:
-      break;
-  }
-  run(row_loader<float>{});
-}
-
 std::int64_t TargetImpl() { return HWY_TARGET; }
 
 float DotImpl(const float* a, const float* b, std::size_t n) { return Dot(DF(), a, b, n); }

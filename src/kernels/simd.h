@@ -320,6 +320,98 @@ struct state {
   float* acc = nullptr;  // [q_heads, head_dim]
 };
 
+/// A chunk of prefill queries for the tiled kernel (prefill.cpp): `tokens` queries at the
+/// consecutive positions first, first + 1, …, each seeing the positions of step.keys in
+/// [0, min(keep, p + 1)) ∪ [prefill_from(p), p + 1): decode's window for the token at p.
+struct prefill_problem {
+  problem step;  // query [tokens, q_heads, head_dim]; keys/values: every position a query sees
+  std::size_t tokens = 0, first = 0, window = 0, keep = 0;
+};
+
+/// First position of the rolling part of the window of the query at `position` (as
+/// detail::window_from: 0 while the query sees every position); O(1).
+inline std::size_t prefill_from(const prefill_problem& p, std::size_t position) {
+  return position + 1 > p.window ? position + 1 - (p.window - p.keep) : 0;
+}
+
+/// The block a decode of the query at `position` alone takes: plan_reads' over a window of its
+/// length, min(position + 1, window) (the block depends on nothing else of the window); O(1).
+inline std::size_t prefill_block(const prefill_problem& p, std::size_t position) {
+  problem q = p.step;
+  const std::size_t positions = position + 1 < p.window ? position + 1 : p.window;
+  for (window* w : {&q.keys, &q.values}) {
+    w->runs[0].first = 0;
+    w->runs[0].count = positions;
+    w->run_count = 1;
+  }
+  plan_reads(q, 1);
+  return q.block;
+}
+
+// A prefill tile takes queries until their query heads (of one kv head) reach prefill_tile_heads:
+// each block of K and V rows is loaded once for all of them. Zen 4 (shared, CPU time): tiles of
+// 128 heads took 0.90-1.01x the time of 64 (twice the scratch), of 32 1.01-1.05x. Re-measure:
+// build/release/bench/prefill_bench --benchmark_filter=threads:1 with the constant changed.
+inline constexpr std::size_t prefill_tile_heads = 64;
+
+/// Queries [first, first + count) of a prefill chunk (indices into it) decoded with one block.
+struct prefill_tile {
+  std::size_t first = 0, count = 0, block = 0;
+};
+
+/// A prefill chunk cut into tiles: `ranges` of queries of one block size each (a query's block
+/// depends only on its window's length, which grows by one a query up to the window, so there
+/// are few), each cut into tiles of up to tile_queries queries.
+struct prefill_plan {
+  static constexpr std::size_t max_ranges = 16;
+  prefill_tile ranges[max_ranges];
+  std::size_t range_count = 0;
+  std::size_t tile_queries = 1;
+  std::size_t tiles = 0;  // in all ranges
+};
+
+/// Offsets (in floats, each a multiple of 16) of one task's prefill scratch for tiles of
+/// `heads` query heads of head_dim elements, and its size.
+struct prefill_layout {
+  std::size_t q = 0;        // [heads, padded head_dim] the tile's queries · scale
+  std::size_t scores = 0;   // [heads, max_block_positions] a block's scores, then weights
+  std::size_t rescale = 0;  // [heads]
+  std::size_t run = 0;      // max [heads], sum [heads], acc [heads, head_dim]: the whole window
+  std::size_t segment = 0;  // the same, for the current segment
+  std::size_t rows = 0;     // [2, max_block_positions, padded head_dim] a block's K and V as f32
+  std::size_t floats = 0;
+};
+
+/// The layout above; O(1).
+inline prefill_layout prefill_layout_of(std::size_t heads, std::size_t head_dim) {
+  const auto up = [](std::size_t n) { return (n + 15) / 16 * 16; };
+  const std::size_t padded = up(head_dim), state = 2 * up(heads) + up(heads * head_dim);
+  prefill_layout l;
+  l.scores = l.q + heads * padded;
+  l.rescale = l.scores + heads * max_block_positions;
+  l.run = l.rescale + up(heads);
+  l.segment = l.run + state;
+  l.rows = l.segment + state;
+  l.floats = l.rows + 2 * max_block_positions * padded;
+  return l;
+}
+
+/// The tiles of a chunk: ranges of one block size, cut into tiles of at most
+/// prefill_tile_heads query heads (at least one query); O(tokens).
+prefill_plan plan_prefill(const prefill_problem& p);
+/// Tile `t` (< plan.tiles) of the plan, in query order; O(ranges).
+prefill_tile tile_of(const prefill_plan& plan, std::size_t t);
+/// Floats of scratch one prefill task needs (prefill_layout_of for the plan's tiles); O(1).
+std::size_t prefill_task_floats(const prefill_problem& p);
+/// The queries of tile `t`, for the query heads of kv head `kv_head`: each block of that kv
+/// head's rows (the union of what the tile's queries see) loaded once (f16/bf16 promoted once)
+/// and scored for every query that sees it, each query's online softmax, segments, merge and
+/// finish exactly decode's over its own window; writes those heads' rows of `out`
+/// [tokens, q_heads, head_dim]. `scratch` holds prefill_task_floats floats, 64-byte aligned.
+/// O(tile queries · window · group · head_dim), no allocation.
+void attend_tile(const prefill_problem& p, const prefill_tile& t, std::size_t kv_head,
+                 const float* sinks, float* out, float* scratch);
+
 /// Name of the target HWY_DYNAMIC_DISPATCH picks now ("AVX2", ...); O(1).
 const char* target_name();
 /// The Highway targets these kernels were compiled for (HWY_TARGETS' bits; without EMU128 when

@@ -3,7 +3,8 @@
 #include <cstdint>
 
 namespace ringkv_test {
-/// Calls of any global operator new (all forms) since the program started.
+/// Calls of any global operator new (all forms) since the program started; under
+/// ThreadSanitizer, allocations of its allocator (operator new and malloc alike).
 std::uint64_t new_calls() noexcept;
 
 /// Counts the operator new calls made while it is alive.
