@@ -128,8 +128,9 @@ const variant variants[] = {{"turboquant 2-bit", tq<2, 2, false>},
 
 BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_rows) {
   // The kernel's own arithmetic, apart from quantization: against the rows the store reads back.
-  // int8 to f32 rounding; TurboQuant within its keys' 8-bit score tables (a score off by at most
-  // half a table step a coordinate; the attention output by about 1 %).
+  // int8 within its query's rounding to 16 bits (the output by about 3e-5, 0.3 % of int8's own
+  // error); TurboQuant within its keys' 8-bit score tables (a score off by at most half a table
+  // step a coordinate; the attention output by about 1 %).
   for (std::size_t d : {64u, 96u, 128u, 5u})
     for (const variant& v : variants) {
       const std::size_t kv_heads = 2, q_heads = 8, n = 150;
@@ -143,7 +144,7 @@ BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_
       for_each_target([&](const char* target) {
         const double e = relative_error(attend(*s, q, 0, n), want);
         BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) {
-          BOOST_TEST(e < (exact ? 2e-6 : 0.03));
+          BOOST_TEST(e < (exact ? 1e-4 : 0.03));
         }
       });
     }

@@ -191,8 +191,9 @@ struct row_chunks {
   static constexpr std::size_t max_rows = max_block_positions;
   std::size_t count = 0, row_bytes = 0, chunk_bytes = 0, chains = 1;
   std::size_t partial = ~std::size_t{0};  // index of a chunk the row ends inside, if any
-  static constexpr std::size_t max_chunk_bytes = 16;  // a chunk is at most a 16-lane vector's
-  static_assert(hn::MaxLanes(DF()) <= max_chunk_bytes, "a chunk's bytes fit a tail");
+  // a chunk is at most two bytes a lane of a 16-lane vector (int8_pairs)
+  static constexpr std::size_t max_chunk_bytes = 32;
+  static_assert(2 * hn::MaxLanes(DF()) <= max_chunk_bytes, "a chunk's bytes fit a tail");
   HWY_ALIGN std::uint8_t tails[max_rows][max_chunk_bytes] = {};  // zero past each row's end
   template <class Kind>
   void set(std::size_t d, std::size_t row, std::size_t group) {
@@ -338,53 +339,73 @@ HWY_INLINE void AccumulateRows(std::size_t heads, const std::byte* const* rows, 
   }
 }
 
-/// Scores of int8 key rows for `Heads` query heads (q + h · q_stride, natural order, zero
-/// padded): per row and head one chain over the row's chunks, summed across lanes four rows at
-/// a time (Sum4: a row's sum the same in any tile), times the row's scale; to
-/// out[h · out_stride + j].
+/// int8 key rows as 16-bit integers: a chunk is 2N codes (one 16-bit vector), in order.
+struct int8_pairs {
+  static constexpr std::size_t vectors = 1;
+  static constexpr std::size_t coords() { return 2 * hn::MaxLanes(DF()); }
+  static constexpr std::size_t bytes() { return 2 * hn::MaxLanes(DF()); }
+};
+
+/// Scores of int8 key rows for `Heads` query heads, the queries rounded to 16-bit integers
+/// (q16 + h · q_stride, natural order, zero padded; q ≈ q16 · q_scale[h], a rounding of 2^-16 of
+/// the largest |q|): per row and head the exact integer sum of q16 · code (pairs of products
+/// summed by one multiply-add of 16-bit lanes into 32-bit ones, half the operations of f32
+/// products), its lanes converted and summed four rows at a time (Sum4: a row's sum the same in
+/// any tile), times q_scale[h] and the row's scale; to out[h · out_stride + j].
 template <std::size_t Heads>
 HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, std::size_t n,
-                            const float* q, std::size_t q_stride, const row_chunks& chunks,
-                            float* out, std::size_t out_stride) {
+                            const std::int16_t* q16, std::size_t q_stride, const float* q_scale,
+                            const row_chunks& chunks, float* out, std::size_t out_stride) {
   const DF d;
-  const std::size_t N = hn::Lanes(d);
+  const DI di;
+  const hn::Repartition<std::int16_t, DF> d16;
+  const hn::Rebind<std::int8_t, decltype(d16)> d8;
+  const std::size_t N16 = hn::Lanes(d16);
   HWY_ALIGN float sums[4];
   for (std::size_t j0 = 0; j0 < n; j0 += 4) {
     std::size_t r[4];  // the tile's rows (the last one again past n)
     for (std::size_t k = 0; k < 4; ++k) r[k] = std::min(j0 + k, n - 1);
-    VF a[4][Heads];
+    hn::Vec<DI> a[4][Heads], odd[4][Heads];
     for (std::size_t k = 0; k < 4; ++k)
-      for (std::size_t h = 0; h < Heads; ++h) a[k][h] = hn::Zero(d);
+      for (std::size_t h = 0; h < Heads; ++h) a[k][h] = odd[k][h] = hn::Zero(di);
     for (std::size_t c = 0; c < chunks.count; ++c) {
-      VF x[4];
-      for (std::size_t k = 0; k < 4; ++k)
-        int8_rows::expand(chunks.at<int8_rows>(rows[r[k]], r[k], c), nullptr, x + k);
+      hn::Vec<decltype(d16)> x[4];
+      for (std::size_t k = 0; k < 4; ++k) {
+        const auto* p =
+            reinterpret_cast<const std::int8_t*>(chunks.at<int8_pairs>(rows[r[k]], r[k], c));
+        x[k] = hn::PromoteTo(d16, hn::LoadU(d8, p));
+      }
       for (std::size_t h = 0; h < Heads; ++h) {
-        const VF qv = hn::Load(d, q + h * q_stride + c * N);
-        for (std::size_t k = 0; k < 4; ++k) a[k][h] = hn::MulAdd(qv, x[k], a[k][h]);
+        const auto qv = hn::Load(d16, q16 + h * q_stride + c * N16);
+        for (std::size_t k = 0; k < 4; ++k)
+          a[k][h] = hn::ReorderWidenMulAccumulate(di, qv, x[k], a[k][h], odd[k][h]);
       }
     }
     for (std::size_t h = 0; h < Heads; ++h) {
-      Sum4(d, a[0][h], a[1][h], a[2][h], a[3][h], sums);
+      VF f[4];
+      for (std::size_t k = 0; k < 4; ++k)
+        f[k] = hn::ConvertTo(d, hn::RearrangeToOddPlusEven(a[k][h], odd[k][h]));
+      Sum4(d, f[0], f[1], f[2], f[3], sums);
       for (std::size_t k = 0; k < 4 && j0 + k < n; ++k)
-        out[h * out_stride + j0 + k] = sums[k] * scales[j0 + k];
+        out[h * out_stride + j0 + k] = sums[k] * q_scale[h] * scales[j0 + k];
     }
   }
 }
 
 /// ScoreInt8Of for 1 to 4 heads.
 HWY_INLINE void ScoreInt8(std::size_t heads, const std::byte* const* rows, const float* scales,
-                          std::size_t n, const float* q, std::size_t q_stride,
-                          const row_chunks& chunks, float* out, std::size_t out_stride) {
+                          std::size_t n, const std::int16_t* q16, std::size_t q_stride,
+                          const float* q_scale, const row_chunks& chunks, float* out,
+                          std::size_t out_stride) {
   switch (heads) {
     case 1:
-      return ScoreInt8Of<1>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+      return ScoreInt8Of<1>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
     case 2:
-      return ScoreInt8Of<2>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+      return ScoreInt8Of<2>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
     case 3:
-      return ScoreInt8Of<3>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+      return ScoreInt8Of<3>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
     default:
-      return ScoreInt8Of<4>(rows, scales, n, q, q_stride, chunks, out, out_stride);
+      return ScoreInt8Of<4>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
   }
 }
 

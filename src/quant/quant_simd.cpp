@@ -5,6 +5,7 @@
 // rows expanded in registers into its weighted sums (expand-inl.h).
 // foreach_target.h compiles this file once per target; HWY_DYNAMIC_DISPATCH picks one per call.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -124,6 +125,8 @@ HWY_INLINE std::size_t CollectCodeRows(const code_window& w, std::size_t h, std:
 struct chunk_work {
   HWY_ALIGN float q[max_scan_heads * max_padded];   // [heads][max_padded] scale·Π·q, zero-padded
   HWY_ALIGN float sq[max_scan_heads * max_padded];  // [heads][max_padded] QJL's S·q, scaled
+  HWY_ALIGN std::int16_t q16[max_scan_heads * max_padded];  // int8 keys: q rounded, zero-padded
+  float q_scale[max_scan_heads];                            // q ≈ q16 · q_scale
   HWY_ALIGN std::uint8_t code_bytes[max_scan_heads * max_table_bytes];
   HWY_ALIGN std::uint8_t sign_bytes[max_scan_heads * max_table_bytes / 4];
   scan_tables codes, signs;
@@ -159,7 +162,21 @@ HWY_INLINE void PrepareQueries(const compressed_problem& cp, std::size_t kv, std
       codec::rotate(f.rotations + kv * f.rotation_floats, f.hadamard, d, scaled,
                     w.q + h * max_padded);
   }
-  if (f.int8) return;
+  if (f.int8) {
+    // q16 = round(q / q_scale), q_scale = max |q| / 32767 (0 for a zero query).
+    std::fill(w.q16, w.q16 + count * max_padded, std::int16_t{0});
+    for (std::size_t h = 0; h < count; ++h) {
+      const float* q = w.q + h * max_padded;
+      float most = 0;
+      for (std::size_t i = 0; i < d; ++i) most = std::max(most, std::fabs(q[i]));
+      w.q_scale[h] = most / 32767.0f;
+      const float inverse = most > 0 ? 32767.0f / most : 0.0f;
+      for (std::size_t i = 0; i < d; ++i)
+        w.q16[h * max_padded + i] =
+            std::int16_t(std::lrint(std::clamp(q[i] * inverse, -32767.0f, 32767.0f)));
+    }
+    return;
+  }
   ShapeTables(w.codes, d, f.bits);
   w.codes.bytes = w.code_bytes;
   w.code_group = codec::group_bytes(d, f.bits);
@@ -245,7 +262,8 @@ HWY_INLINE void ScoreSegment(const compressed_problem& cp, std::size_t kv, std::
                                           w.row_scales, w.offsets);
     if (n == 0) continue;
     w.key_chunks.copy_tails(w.rows, n);
-    ScoreInt8(count, w.rows, w.row_scales, n, w.q, max_padded, w.key_chunks, out, compressed_block);
+    ScoreInt8(count, w.rows, w.row_scales, n, w.q16, max_padded, w.q_scale, w.key_chunks, out,
+              compressed_block);
     float* block = w.scores + (pos - from) / compressed_block * count * compressed_block;
     for (std::size_t h = 0; h < count; ++h)
       for (std::size_t j = 0; j < n; ++j)
@@ -331,7 +349,7 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   const std::size_t d = cp.head_dim, group = cp.q_heads / cp.kv_heads;
   if (!vf.int8) w.values.set(vf.centroids, vf.bits);
   const std::size_t padded = ValueChunks(vf, d, group, w.value_chunks);
-  if (kf.int8) w.key_chunks.set<int8_rows>(d, kf.code_bytes, group);
+  if (kf.int8) w.key_chunks.set<int8_pairs>(d, kf.code_bytes, group);
   const window positions = PositionsOf(cp.keys);
   // [2][heads] the running max and sum, [2][heads] a segment's, then its [heads][padded] sums
   HWY_ALIGN float states[4 * max_scan_heads + max_scan_heads * max_padded];
