@@ -113,13 +113,14 @@ class windowed_attention {
 /// query is scaled and rotated once per step into each kv head's frame; TurboQuant keys are
 /// scored from their codes through 8-bit tables of the query's products with the codebook (byte
 /// shuffles, summed exactly: about 1-2 % more output error than the exact codebook at 4 bits),
-/// QJL keys add their unbiased residual term the same way, int8 keys exactly; V codes are
-/// expanded in registers through the codebook held in SIMD lanes into f32 sums, accumulated in
-/// the rotated frame and rotated back once per output row. Blocks and segments sit on absolute
-/// positions as in windowed_attention, so the result is bit-identical whatever the ring's phase. With a pool, a step's query heads are split
-/// across its threads (whole kv heads where they divide evenly): each head's arithmetic is the
-/// same in any split, so the bits are those of one thread, and nothing is allocated. Stateless
-/// apart from its options, so one object may serve any number of threads at once.
+/// QJL keys add their unbiased residual term the same way, int8 keys in exact integers against
+/// the query rounded to 16 bits; V codes are expanded in registers through the codebook held in
+/// SIMD lanes into f32 sums, accumulated in the rotated frame and rotated back once per output
+/// row. Blocks and segments sit on absolute positions as in windowed_attention, so the result is
+/// bit-identical whatever the ring's phase. With a pool, a step's query heads are split across
+/// its threads (whole kv heads where they divide evenly): each head's arithmetic is the same in
+/// any split, so the bits are those of one thread, and nothing is allocated. Stateless apart
+/// from its options, so one object may serve any number of threads at once.
 class compressed_kv_attention {
  public:
   /// Largest head_dim it takes (its expansion tiles live on the stack).

@@ -76,20 +76,35 @@ HWY_INLINE hn::Vec<DU32> WidenBytes(const std::uint8_t* p) {
 // (the coordinate of expansion index e: chunk e / coords(), vector, lane), and
 // expand(chunk bytes, levels, out[vectors]).
 
-/// 4-bit codes, two a byte: a chunk of N bytes is 2N coordinates, its even ones then its odd.
+/// 4-bit codes, two a byte. On 16-lane targets a chunk is 32 bytes, 64 coordinates: each 16-bit
+/// pair of bytes widened to a lane holds four codes, taken by shifts (the permute reads an
+/// index's low four bits), vector m holding coordinates 4k + m: one widening for four vectors
+/// (a shuffle fewer than two widenings of 16 bytes). Elsewhere a chunk of N bytes is 2N
+/// coordinates, its even ones then its odd.
 struct nibble_rows {
-  static constexpr std::size_t vectors = 2;
-  static constexpr std::size_t coords() { return 2 * hn::MaxLanes(DF()); }
-  static constexpr std::size_t bytes() { return hn::MaxLanes(DF()); }
+  static constexpr std::size_t lanes = hn::MaxLanes(DF());
+  static constexpr std::size_t vectors = lanes == 16 ? 4 : 2;
+  static constexpr std::size_t coords() { return vectors * lanes; }
+  static constexpr std::size_t bytes() { return coords() / 2; }
   static std::size_t coordinate(std::size_t e) {
-    const std::size_t N = hn::Lanes(DF()), r = e % (2 * N);
-    return e - r + 2 * (r % N) + r / N;
+    const std::size_t N = hn::Lanes(DF()), r = e % coords();
+    return e - r + vectors * (r % N) + r / N;
   }
   static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
     const DF d;
-    const auto x = WidenBytes(p);
-    out[0] = LookupLevels<4>(d, levels, x);
-    out[1] = LookupLevels<4>(d, levels, hn::ShiftRight<4>(x));
+    if constexpr (lanes == 16) {
+      std::uint16_t pairs[16];  // the bytes as 16-bit pairs (little-endian)
+      std::memcpy(pairs, p, sizeof(pairs));
+      const auto x = hn::PromoteTo(DU32(), hn::LoadU(hn::Rebind<std::uint16_t, DF>(), pairs));
+      out[0] = LookupLevels<4>(d, levels, x);
+      out[1] = LookupLevels<4>(d, levels, hn::ShiftRight<4>(x));
+      out[2] = LookupLevels<4>(d, levels, hn::ShiftRight<8>(x));
+      out[3] = LookupLevels<4>(d, levels, hn::ShiftRight<12>(x));
+    } else {
+      const auto x = WidenBytes(p);
+      out[0] = LookupLevels<4>(d, levels, x);
+      out[1] = LookupLevels<4>(d, levels, hn::ShiftRight<4>(x));
+    }
   }
 };
 

@@ -1,6 +1,6 @@
 // The compressed-window decode kernel (see quant_simd.h). Per chunk of a kv head's query heads
 // and per segment of absolute positions: every key of the segment scored first (TurboQuant keys
-// by the fast scan of their slot groups, scan-inl.h; int8 keys exactly, expand-inl.h), then
+// by the fast scan of their slot groups, scan-inl.h; int8 keys in integers, expand-inl.h), then
 // block by block the online softmax step of the f32 kernels (softmax-inl.h) and the block's V
 // rows expanded in registers into its weighted sums (expand-inl.h).
 // foreach_target.h compiles this file once per target; HWY_DYNAMIC_DISPATCH picks one per call.
