@@ -111,8 +111,8 @@ class windowed_attention {
 
 /// Decode attention straight from compressed windows (ringkv.quant): no dequantized copy. The
 /// query is scaled and rotated once per step into each kv head's frame; TurboQuant keys are
-/// scored from their codes through 8-bit tables of the query's products with the codebook (byte
-/// shuffles, summed exactly: about 1-2 % more output error than the exact codebook at 4 bits),
+/// scored from their codes through 7-bit tables of the query's products with the codebook (byte
+/// shuffles, summed exactly: 0.5-4 % more output error than the exact codebook at 4 bits),
 /// QJL keys add their unbiased residual term the same way, int8 keys in exact integers against
 /// the query rounded to 16 bits; V codes are expanded in registers through the codebook held in
 /// SIMD lanes into f32 sums, accumulated in the rotated frame and rotated back once per output

@@ -129,8 +129,8 @@ const variant variants[] = {{"turboquant 2-bit", tq<2, 2, false>},
 BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_rows) {
   // The kernel's own arithmetic, apart from quantization: against the rows the store reads back.
   // int8 within its query's rounding to 16 bits (the output by about 3e-5, 0.3 % of int8's own
-  // error); TurboQuant within its keys' 8-bit score tables (a score off by at most half a table
-  // step a coordinate; the attention output by about 1 %).
+  // error); TurboQuant within its keys' 7-bit score tables (a score off by at most half a table
+  // step a coordinate; the attention output by 2-4 %).
   for (std::size_t d : {64u, 96u, 128u, 5u})
     for (const variant& v : variants) {
       const std::size_t kv_heads = 2, q_heads = 8, n = 150;
@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_
       for_each_target([&](const char* target) {
         const double e = relative_error(attend(*s, q, 0, n), want);
         BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) {
-          BOOST_TEST(e < (exact ? 1e-4 : 0.03));
+          BOOST_TEST(e < (exact ? 1e-4 : 0.06));
         }
       });
     }
@@ -154,7 +154,7 @@ BOOST_AUTO_TEST_CASE(score_tables_add_at_most_a_tenth_to_the_exact_codebooks_err
   // Per bit width, the attention output's error against the f32 store's (double references over
   // 8 queries, peaked like real attention): the exact-codebook step's (the double reference over
   // the dequantized rows, which an exact kernel meets to f32 rounding) and this kernel's, whose
-  // key scores come from 8-bit tables. Issue 55 allows 10 % more error at 4 bits.
+  // key scores come from 7-bit tables. Issue 55 allows 10 % more error at 4 bits.
   for (std::size_t d : {64u, 128u}) {
     const std::size_t kv_heads = 2, q_heads = 8, n = 512;
     ringkv::default_kv_cache_store f32(shape(d, n, kv_heads));

@@ -3,7 +3,7 @@
 //
 // Arithmetic: the query is scaled and rotated once per step (q' = scale·Π·q). Per segment of
 // absolute positions (merged left to right, as the f32 kernel) every key is scored first:
-// TurboQuant keys (slot groups, quant_codec.h) by looking their codes up in 8-bit tables of
+// TurboQuant keys (slot groups, quant_codec.h) by looking their codes up in 7-bit tables of
 // q'ᵢ·c (one scale a query head), summed exactly in integers, times the scale and the key's
 // norm; with QJL plus the same of ⟨scale·sqrt(π/2)/d·S·q, sign bits⟩ times ‖k‖·‖r‖; int8 keys by
 // an exact integer dot product with the query rounded to 16 bits. Then per block of 64 positions the online-softmax step and the V rows
