@@ -134,13 +134,45 @@ HWY_INLINE std::uint32_t Word32(const std::uint8_t* p) {
   return w;
 }
 
-/// 3-bit codes, an LSB-first stream: a chunk is 16 coordinates in order (6 bytes). A lane takes
-/// its code out of a 32-bit word of the chunk holding it whole, broadcast (16 lanes: the words
-/// at bytes 0 and 2, one for each half), and shifted by lane: no shuffle but the codebook's.
-/// Targets of 8 lanes or fewer read up to 2 bytes past the chunk (the store keeps
-/// value_code_padding bytes after its last row).
+/// 3-bit codes, an LSB-first stream. On 16-lane x86 targets a chunk is 64 coordinates (24
+/// bytes): one 16-bit permute gives lane i the 32 bits from the even byte at or below bit 12i,
+/// so its four codes sit at constant shifts (vector m holds coordinates 4i + m) — two operations
+/// a vector, as the 4-bit rows; Highway has no 16-bit permute, hence the intrinsic. Elsewhere a
+/// chunk is 16 coordinates in order (6 bytes), a lane's code taken out of a 32-bit word holding
+/// it whole. Both read up to 8 bytes past a chunk (the store keeps value_code_padding bytes
+/// after its last row).
 struct triple_rows {
   static constexpr std::size_t lanes = hn::MaxLanes(DF());
+#ifdef RINGKV_PERMUTE_LOW_BITS
+  static constexpr std::size_t vectors = 4;
+  static constexpr std::size_t coords() { return 64; }
+  static constexpr std::size_t bytes() { return 24; }
+  static std::size_t coordinate(std::size_t e) {
+    const std::size_t r = e % 64;
+    return e - r + 4 * (r % 16) + r / 16;
+  }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    const DF d;
+    const DU32 du;
+    const hn::Repartition<std::uint16_t, DF> d16;
+    // lane i: 16-bit words w and w + 1, w = ⌊⌊1.5 i⌋ / 2⌋; its codes from bit 12i − 16w up
+    alignas(64) static constexpr std::uint16_t words[32] = {0, 1, 0, 1,  1, 2,  2,  3,  3,  4, 3,
+                                                            4, 4, 5, 5,  6, 6,  7,  6,  7,  7, 8,
+                                                            8, 9, 9, 10, 9, 10, 10, 11, 11, 12};
+    alignas(64) static constexpr std::uint32_t shifts[16] = {0, 12, 8, 4, 0, 12, 8, 4,
+                                                             0, 12, 8, 4, 0, 12, 8, 4};
+    const auto raw = hn::ZeroExtendVector(
+        d16, hn::LoadU(hn::Half<decltype(d16)>(), reinterpret_cast<const std::uint16_t*>(p)));
+    const auto x = hn::BitCast(
+        du, hn::Vec<decltype(d16)>{_mm512_permutexvar_epi16(hn::Load(d16, words).raw, raw.raw)});
+    const auto s = hn::Load(du, shifts);
+    const auto three = hn::Set(du, 3);
+    out[0] = LookupLevels<3>(d, levels, hn::Shr(x, s));
+    out[1] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, three)));
+    out[2] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, hn::Add(three, three))));
+    out[3] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, hn::Set(du, 9))));
+  }
+#else
   static constexpr std::size_t vectors = lanes >= 16 ? 1 : 16 / lanes;
   static constexpr std::size_t coords() { return 16; }
   static constexpr std::size_t bytes() { return 6; }
@@ -163,6 +195,7 @@ struct triple_rows {
       }
     }
   }
+#endif
 };
 
 /// int8 codes: a chunk of N bytes is N coordinates in order, converted exactly.
