@@ -66,17 +66,16 @@ rows_run run_of(const View& v, std::size_t first) noexcept {
 // slot b + 16 in its high nibble, so that one byte shuffle looks up 16 slots' codes at once.
 // A nibble holds the codes of 4 / bits consecutive coordinates (1, 2 and 4 bits: unit u holds
 // coordinates u·(4 / bits) …, the first in the nibble's low bits). 3-bit codes take three planes
-// of units: the low two bits of coordinates (2u, 2u + 1), then of (H + 2u, H + 2u + 1) with H
-// half of head_dim rounded up to 4 (byte b: bits 4t + 2s hold the pair's t-th coordinate of
-// slot b + 16s), then their high bits (byte b: bit 4p + 2t + s for plane p, pair coordinate t,
-// slot b + 16s). Units are padded to a multiple of 4 (a 512-bit vector's), coordinates past
-// head_dim hold code 0.
+// of units, unit u of plane p holding coordinate 4u + p in each nibble's low three bits, and in
+// the nibble's top bit bit p of coordinate 4u + 3's code: every index a shuffle takes is one or
+// two operations away (a 3-bit code a lookup). Units are padded to a multiple of 4 (a 512-bit
+// vector's), coordinates past head_dim hold code 0.
 
 /// Slots in a group.
 inline constexpr std::size_t group_slots = 32;
 
 /// Bytes a TurboQuant store keeps after its value codes' last row: the kernels' loads of 3-bit
-/// rows read up to 2 bytes past a row (32-bit words of a 6-byte chunk).
+/// rows read up to 8 bytes past a row (32 bytes for a 24-byte chunk).
 inline constexpr std::size_t value_code_padding = 16;
 
 /// Units of one plane of a group of `bits`-bit codes of `d` coordinates (a multiple of 4).
@@ -95,49 +94,45 @@ inline std::size_t group_capacity(std::size_t capacity) noexcept {
   return (capacity + group_slots - 1) / group_slots * group_slots;
 }
 
-/// Where the bits of coordinate i of slot b (< group_slots) of a group lie: the byte and the
-/// shift of the low bits (width min(bits, 2) for 3 bits, else bits) and, for 3 bits, of the
-/// high bit.
+/// Where the bits of coordinate i of slot b (< group_slots) of a group lie: `width` bits at
+/// `shift` of `byte` (1, 2, 4 bits: the whole code), or for 3 bits bit `bit` of the code alone.
 struct group_place {
-  std::size_t byte = 0, high_byte = 0;
-  unsigned shift = 0, high_shift = 0;
+  std::size_t byte = 0;
+  unsigned shift = 0, width = 0;
 };
-inline group_place place_in_group(std::size_t d, unsigned bits, std::size_t b,
-                                  std::size_t i) noexcept {
+inline group_place place_in_group(std::size_t d, unsigned bits, std::size_t b, std::size_t i,
+                                  unsigned bit = 0) noexcept {
   const std::size_t units = group_units(d, bits), s = b / 16, j = b % 16;
   if (bits != 3) {
     const std::size_t per_unit = 4 / bits;
-    return {16 * (i / per_unit) + j, 0, unsigned(4 * s + bits * (i % per_unit)), 0};
+    return {16 * (i / per_unit) + j, unsigned(4 * s + bits * (i % per_unit)), bits};
   }
-  const std::size_t half = 2 * units, p = i / half, t = (i % half) % 2, u = (i % half) / 2;
-  return {16 * (p * units + u) + j, 16 * (2 * units + u) + j, unsigned(4 * t + 2 * s),
-          unsigned(4 * p + 2 * t + s)};
+  const std::size_t u = i / 4, k = i % 4;
+  if (k < 3) return {16 * (k * units + u) + j, unsigned(4 * s + bit), 1};
+  return {16 * (bit * units + u) + j, unsigned(4 * s + 3), 1};
 }
 
 /// Code of coordinate i of slot b of the group at `group`.
 inline std::uint8_t grouped_code_at(const std::byte* group, std::size_t d, unsigned bits,
                                     std::size_t b, std::size_t i) noexcept {
-  const group_place at = place_in_group(d, bits, b, i);
-  const unsigned width = bits == 3 ? 2 : bits;
-  unsigned v = (unsigned(group[at.byte]) >> at.shift) & ((1u << width) - 1);
-  if (bits == 3) v |= ((unsigned(group[at.high_byte]) >> at.high_shift) & 1u) << 2;
+  unsigned v = 0;
+  for (unsigned bit = 0; bit < (bits == 3 ? 3u : 1u); ++bit) {
+    const group_place at = place_in_group(d, bits, b, i, bit);
+    v |= ((unsigned(group[at.byte]) >> at.shift) & ((1u << at.width) - 1)) << bit;
+  }
   return std::uint8_t(v);
 }
 
 /// Writes the d codes of slot b into the group at `group` (its other slots unchanged).
 inline void grouped_store(std::byte* group, std::size_t d, unsigned bits, std::size_t b,
                           const std::uint8_t* codes) noexcept {
-  const unsigned width = bits == 3 ? 2 : bits;
-  for (std::size_t i = 0; i < d; ++i) {
-    const group_place at = place_in_group(d, bits, b, i);
-    const unsigned mask = ((1u << width) - 1) << at.shift;
-    group[at.byte] =
-        std::byte((unsigned(group[at.byte]) & ~mask) | ((unsigned(codes[i]) << at.shift) & mask));
-    if (bits != 3) continue;
-    const unsigned high = 1u << at.high_shift;
-    group[at.high_byte] = std::byte((unsigned(group[at.high_byte]) & ~high) |
-                                    ((unsigned(codes[i]) >> 2 & 1u) << at.high_shift));
-  }
+  for (std::size_t i = 0; i < d; ++i)
+    for (unsigned bit = 0; bit < (bits == 3 ? 3u : 1u); ++bit) {
+      const group_place at = place_in_group(d, bits, b, i, bit);
+      const unsigned mask = ((1u << at.width) - 1) << at.shift;
+      group[at.byte] = std::byte((unsigned(group[at.byte]) & ~mask) |
+                                 ((unsigned(codes[i]) >> bit << at.shift) & mask));
+    }
 }
 
 /// The group holding slot `slot` of head h of a side whose heads take `head_stride` slots.

@@ -47,6 +47,8 @@ struct scan_tables {
   std::uint8_t* bytes = nullptr;  // 64-byte aligned
   std::size_t units = 0, kinds = 1, lookups = 0;
   unsigned bits = 0;  // of the codes: 1, 2, 4 (a nibble of codes a unit) or 3 (three planes)
+  // 3 bits: kind k < 3 looks up coordinate 4u + k, kind 3 coordinate 4u + 3, whose index holds
+  // its code's bits 0, 1, 2 at bits 3, 2, 1 (quant_codec.h)
   float delta[max_scan_heads] = {};
   std::size_t head_bytes() const { return 16 * kinds * units; }
 };
@@ -62,15 +64,15 @@ HWY_INLINE void ShapeTables(scan_tables& t, std::size_t d, unsigned bits) {
 /// Coordinate of lookup (kind, unit, position t within the nibble) of t's shape.
 HWY_INLINE std::size_t TableCoordinate(const scan_tables& t, std::size_t kind, std::size_t u,
                                        std::size_t i) {
-  if (t.bits == 3) return (kind / 2) * 2 * t.units + 2 * u + kind % 2;
+  if (t.bits == 3) return 4 * u + kind;
   return u * (4 / t.bits) + i;
 }
 
 /// Head h's tables for query row q (d floats) and levels (2^bits, symmetric): unit u of kind k
-/// looks up entry e = Σ_i c_i << (bits · i) (3 bits: e = c, one coordinate) as
-/// Σ_i q[coordinate i] · levels[c_i]. delta = max |entry| / table_step_max bounds every entry by
-/// the largest level times the sum of a unit's |q| (0 for a zero query), so the stored entries
-/// lie in 1..127.
+/// looks up entry e = Σ_i c_i << (bits · i) as Σ_i q[coordinate i] · levels[c_i] (3 bits: one
+/// coordinate: c = e mod 8, for kind 3 e's bits 3, 2, 1). delta = max |entry| / table_step_max
+/// bounds every entry by the largest level times the sum of a unit's |q| (0 for a zero query),
+/// so the stored entries lie in 1..127.
 HWY_INLINE void BuildTables(scan_tables& t, std::size_t h, const float* q, std::size_t d,
                             const float* levels) {
   const DF df;
@@ -79,11 +81,14 @@ HWY_INLINE void BuildTables(scan_tables& t, std::size_t h, const float* q, std::
   const std::size_t N = hn::Lanes(df), per_unit = t.bits == 3 ? 1 : 4 / t.bits;
   const unsigned mask = t.bits == 3 ? 7u : (1u << t.bits) - 1;
   const float top = std::fabs(levels[0]);  // the largest |level| (levels are increasing)
-  // pattern[i][e]: the level of the unit's i-th coordinate in entry e (0 past 3 bits' 8).
+  // pattern[i][e]: the level of the unit's i-th coordinate in entry e; 3 bits: pattern[0] for
+  // kinds 0-2 (an index's bit 3 is another code's), pattern[1] for kind 3.
   HWY_ALIGN float pattern[4][16];
   for (std::size_t i = 0; i < per_unit; ++i)
+    for (unsigned e = 0; e < 16; ++e) pattern[i][e] = levels[(e >> (t.bits * i)) & mask];
+  if (t.bits == 3)
     for (unsigned e = 0; e < 16; ++e)
-      pattern[i][e] = t.bits == 3 && e > 7 ? 0.0f : levels[(e >> (t.bits * i)) & mask];
+      pattern[1][e] = levels[(e >> 3 & 1) | (e >> 1 & 2) | (e << 1 & 4)];
   const auto coordinate = [&](std::size_t k, std::size_t u, std::size_t i) {
     const std::size_t c = TableCoordinate(t, k, u, i);
     return c < d ? q[c] : 0.0f;
@@ -103,7 +108,8 @@ HWY_INLINE void BuildTables(scan_tables& t, std::size_t h, const float* q, std::
   for (std::size_t k = 0; k < t.kinds; ++k)
     for (std::size_t u = 0; u < t.units; ++u, out += 16)
       for (std::size_t e = 0; e < 16; e += N) {
-        VF v = hn::Mul(hn::Set(df, coordinate(k, u, 0)), hn::Load(df, pattern[0] + e));
+        const float* first = pattern[t.bits == 3 && k == 3 ? 1 : 0] + e;
+        VF v = hn::Mul(hn::Set(df, coordinate(k, u, 0)), hn::Load(df, first));
         for (std::size_t i = 1; i < per_unit; ++i)
           v = hn::MulAdd(hn::Set(df, coordinate(k, u, i)), hn::Load(df, pattern[i] + e), v);
         const auto r = hn::Min(hn::Max(hn::NearestInt(hn::Mul(v, inverse)), low), high);
@@ -185,58 +191,46 @@ HWY_INLINE void ScanNibbles(const std::uint8_t* HWY_RESTRICT codes, const std::u
   }
 }
 
-/// Index bytes of one 3-bit lookup: the low two bits of `pair` from bit Low up, the high bit of
-/// `high_bits` moved from bit High to bit 2 (shifts by constants: one instruction each).
-template <int Low, int High>
-HWY_INLINE hn::Vec<D8> TripleIndex(hn::Vec<D8> pair, hn::Vec<D8> high_bits) {
-  const D8 d8;
-  const D16 d16;
-  const auto h16 = hn::BitCast(d16, high_bits);
-  hn::Vec<D16> moved;
-  if constexpr (High >= 2)
-    moved = hn::ShiftRight<(High >= 2 ? High - 2 : 0)>(h16);
-  else
-    moved = hn::ShiftLeft<(High < 2 ? 2 - High : 0)>(h16);
-  const auto l = hn::BitCast(d8, hn::ShiftRight<Low>(hn::BitCast(d16, pair)));
-  return hn::OrAnd(hn::And(hn::BitCast(d8, moved), hn::Set(d8, 4)), l, hn::Set(d8, 3));
-}
-
-/// The lookups of coordinate pair P's two coordinates at one unit step for `Heads` heads
-/// (tables of kinds 2P and 2P + 1), the two coordinates' bytes added before they are widened:
-/// slots 0-15 into ae/ao, 16-31 into be/bo.
-template <std::size_t P, std::size_t Heads>
-HWY_INLINE void LookupTriples(hn::Vec<D8> pair, hn::Vec<D8> high_bits, const scan_tables& t,
-                              std::size_t at, V16* ae, V16* ao, V16* be, V16* bo) {
-  const D8 d8;
-  const auto a0 = TripleIndex<0, 4 * P>(pair, high_bits);
-  const auto b0 = TripleIndex<2, 4 * P + 1>(pair, high_bits);
-  const auto a1 = TripleIndex<4, 4 * P + 2>(pair, high_bits);
-  const auto b1 = TripleIndex<6, 4 * P + 3>(pair, high_bits);
-  const std::size_t stride = t.head_bytes(), plane = 16 * t.units;
-  for (std::size_t h = 0; h < Heads; ++h) {
-    const std::uint8_t* tables = t.bytes + h * stride + 2 * P * plane + at;
-    const auto t0 = hn::Load(d8, tables), t1 = hn::Load(d8, tables + plane);
-    AddLookup(hn::Add(hn::TableLookupBytes(t0, a0), hn::TableLookupBytes(t1, a1)), ae[h], ao[h]);
-    AddLookup(hn::Add(hn::TableLookupBytes(t0, b0), hn::TableLookupBytes(t1, b1)), be[h], bo[h]);
-  }
-}
-
-/// As ScanNibbles for 3-bit codes: per unit the low-bit planes of two coordinate pairs and their
-/// high bits, eight lookups (pair p, coordinate t, half s) a unit.
+/// As ScanNibbles for 3-bit codes: per unit step the three planes x, y, z; the codes of
+/// coordinate 4u + p are plane p's nibbles' low three bits (an index: the nibble; its bit 3,
+/// another code's, reads an entry repeated in the table's upper half), those of 4u + 3 the
+/// nibbles' top bits, gathered into one byte whose nibbles are both halves' indices. Eight
+/// lookups a unit from 17 operations on the codes (32 with each code's bits apart).
 template <std::size_t Heads>
 HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const std::uint8_t* next,
                             const scan_tables& t, std::uint16_t* HWY_RESTRICT sums) {
   const D8 d8;
   const D16 d16;
+  const auto shift = [&](auto v, auto by) { return hn::BitCast(d8, by(hn::BitCast(d16, v))); };
+  const auto right2 = [](V16 v) { return hn::ShiftRight<2>(v); };
+  const auto right4 = [](V16 v) { return hn::ShiftRight<4>(v); };
+  const auto right1 = [](V16 v) { return hn::ShiftRight<1>(v); };
+  const auto low4 = hn::Set(d8, 0x0F);
   V16 ae[Heads], ao[Heads], be[Heads], bo[Heads];
   for (std::size_t h = 0; h < Heads; ++h) ae[h] = ao[h] = be[h] = bo[h] = hn::Zero(d16);
-  const std::size_t plane = 16 * t.units;
+  const std::size_t plane = 16 * t.units, stride = t.head_bytes();
   for (std::size_t at = 0; at < plane; at += hn::Lanes(d8)) {
     for (std::size_t p = 0; p < 3; ++p) Prefetch(next + p * plane + at);
-    const auto high_bits = hn::LoadU(d8, codes + 2 * plane + at);
-    const auto first = hn::LoadU(d8, codes + at), second = hn::LoadU(d8, codes + plane + at);
-    LookupTriples<0, Heads>(first, high_bits, t, at, ae, ao, be, bo);
-    LookupTriples<1, Heads>(second, high_bits, t, at, ae, ao, be, bo);
+    const auto x = hn::LoadU(d8, codes + at), y = hn::LoadU(d8, codes + plane + at),
+               z = hn::LoadU(d8, codes + 2 * plane + at);
+    // slots 0-15 (a) and 16-31 (b) of coordinates 4u + 0 … 3
+    const auto a0 = hn::And(x, low4), b0 = hn::And(shift(x, right4), low4);
+    const auto a1 = hn::And(y, low4), b1 = hn::And(shift(y, right4), low4);
+    const auto a2 = hn::And(z, low4), b2 = hn::And(shift(z, right4), low4);
+    // r: bits 3, 2, 1 the top bits of x, y, z's low nibbles, bits 7, 6, 5 of their high ones
+    const auto r =
+        hn::OrAnd(hn::OrAnd(hn::And(x, hn::Set(d8, 0x88)), shift(y, right1), hn::Set(d8, 0x44)),
+                  shift(z, right2), hn::Set(d8, 0x22));
+    const auto a3 = hn::And(r, low4), b3 = hn::And(shift(r, right4), low4);
+    for (std::size_t h = 0; h < Heads; ++h) {
+      const std::uint8_t* tables = t.bytes + h * stride + at;
+      const auto t0 = hn::Load(d8, tables), t1 = hn::Load(d8, tables + plane),
+                 t2 = hn::Load(d8, tables + 2 * plane), t3 = hn::Load(d8, tables + 3 * plane);
+      AddLookup(hn::Add(hn::TableLookupBytes(t0, a0), hn::TableLookupBytes(t1, a1)), ae[h], ao[h]);
+      AddLookup(hn::Add(hn::TableLookupBytes(t2, a2), hn::TableLookupBytes(t3, a3)), ae[h], ao[h]);
+      AddLookup(hn::Add(hn::TableLookupBytes(t0, b0), hn::TableLookupBytes(t1, b1)), be[h], bo[h]);
+      AddLookup(hn::Add(hn::TableLookupBytes(t2, b2), hn::TableLookupBytes(t3, b3)), be[h], bo[h]);
+    }
   }
   for (std::size_t h = 0; h < Heads; ++h) {
     FinishHalf(ae[h], ao[h], sums + 32 * h);
