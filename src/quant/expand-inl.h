@@ -434,8 +434,14 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
       for (std::size_t k = 0; k < 4; ++k)
         f[k] = hn::ConvertTo(d, hn::RearrangeToOddPlusEven(a[k][h], odd[k][h]));
       Sum4(d, f[0], f[1], f[2], f[3], sums);
-      for (std::size_t k = 0; k < 4 && j0 + k < n; ++k)
-        out[h * out_stride + j0 + k] = sums[k] * q_scale[h] * scales[j0 + k];
+      float* to = out + h * out_stride + j0;
+      if (j0 + 4 <= n) {
+        const hn::CappedTag<float, 4> d4;
+        const auto q = hn::Mul(hn::Load(d4, sums), hn::Set(d4, q_scale[h]));
+        hn::StoreU(hn::Mul(q, hn::LoadU(d4, scales + j0)), d4, to);
+      } else {
+        for (std::size_t k = 0; j0 + k < n; ++k) to[k] = sums[k] * q_scale[h] * scales[j0 + k];
+      }
     }
   }
 }

@@ -101,25 +101,6 @@ HWY_INLINE const float* PieceRows(const code_window& w, const piece& pc, const s
   return w.runs[pc.run].scales + pc.row;
 }
 
-/// Rows stored whole of kv head h for the window positions in [lo, hi) of `w`, in position
-/// order: their codes, their scale (norm or int8 scale) and their offset from lo. Returns how
-/// many.
-HWY_INLINE std::size_t CollectCodeRows(const code_window& w, std::size_t h, std::size_t lo,
-                                       std::size_t hi, const std::byte** rows, float* scales,
-                                       std::size_t* offsets) {
-  piece pieces[max_runs];
-  const std::size_t count = PiecesOf(w, h, lo, hi, pieces);
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const float* s = PieceRows(w, pieces[i], rows + n);
-    for (std::size_t j = 0; j < pieces[i].count; ++j, ++n) {
-      scales[n] = s[j];
-      offsets[n] = pieces[i].offset + j;
-    }
-  }
-  return n;
-}
-
 /// What one chunk of query heads works with: its rotated queries and lookup tables, the
 /// segment's scores and the block weights, on the stack (about 60 KB at head_dim 256).
 struct chunk_work {
@@ -139,8 +120,6 @@ struct chunk_work {
   HWY_ALIGN std::uint16_t sums[max_scan_heads * codec::group_slots];
   HWY_ALIGN float factors[codec::group_slots];
   const std::byte* rows[compressed_block];
-  float row_scales[compressed_block];
-  std::size_t offsets[compressed_block];
   lane_table values;
   row_chunks key_chunks, value_chunks;
 };
@@ -256,18 +235,17 @@ HWY_INLINE void ScoreSegment(const compressed_problem& cp, std::size_t kv, std::
     }
     return;
   }
-  HWY_ALIGN float out[max_scan_heads * compressed_block];
+  // int8 keys: a piece's rows are scored straight into their block's positions
   for (std::size_t pos = from; pos < hi; pos += compressed_block) {
-    const std::size_t n = CollectCodeRows(k, kv, pos, std::min(pos + compressed_block, hi), w.rows,
-                                          w.row_scales, w.offsets);
-    if (n == 0) continue;
-    w.key_chunks.copy_tails(w.rows, n);
-    ScoreInt8(count, w.rows, w.row_scales, n, w.q16, max_padded, w.q_scale, w.key_chunks, out,
-              compressed_block);
+    piece pieces[max_runs];
+    const std::size_t m = PiecesOf(k, kv, pos, std::min(pos + compressed_block, hi), pieces);
     float* block = w.scores + (pos - from) / compressed_block * count * compressed_block;
-    for (std::size_t h = 0; h < count; ++h)
-      for (std::size_t j = 0; j < n; ++j)
-        block[h * compressed_block + w.offsets[j]] = out[h * compressed_block + j];
+    for (std::size_t i = 0; i < m; ++i) {
+      const float* scales = PieceRows(k, pieces[i], w.rows);
+      w.key_chunks.copy_tails(w.rows, pieces[i].count);
+      ScoreInt8(count, w.rows, scales, pieces[i].count, w.q16, max_padded, w.q_scale, w.key_chunks,
+                block + pieces[i].offset, compressed_block);
+    }
   }
 }
 
