@@ -398,50 +398,57 @@ struct int8_pairs {
 /// (q16 + h · q_stride, natural order, zero padded; q ≈ q16 · q_scale[h], a rounding of 2^-16 of
 /// the largest |q|): per row and head the exact integer sum of q16 · code (pairs of products
 /// summed by one multiply-add of 16-bit lanes into 32-bit ones, half the operations of f32
-/// products), its lanes converted and summed four rows at a time (Sum4: a row's sum the same in
-/// any tile), times q_scale[h] and the row's scale; to out[h · out_stride + j].
+/// products), its lanes converted and summed eight (row, head) chains at a time (Sum8, a chain's
+/// sum that of Sum4: the same in any tile), times q_scale[h] and the row's scale; to
+/// out[h · out_stride + j]. A tile is 4 rows of each head.
 template <std::size_t Heads>
 HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, std::size_t n,
                             const std::int16_t* q16, std::size_t q_stride, const float* q_scale,
                             const row_chunks& chunks, float* out, std::size_t out_stride) {
+  constexpr std::size_t R = 4;  // rows a tile (8 for one head: D 128 / W 32768 0.40 -> 0.51 of f16)
   const DF d;
   const DI di;
   const hn::Repartition<std::int16_t, DF> d16;
   const hn::Rebind<std::int8_t, decltype(d16)> d8;
+  const hn::CappedTag<float, 4> d4;
   const std::size_t N16 = hn::Lanes(d16);
-  HWY_ALIGN float sums[4];
-  for (std::size_t j0 = 0; j0 < n; j0 += 4) {
-    std::size_t r[4];  // the tile's rows (the last one again past n)
-    for (std::size_t k = 0; k < 4; ++k) r[k] = std::min(j0 + k, n - 1);
-    hn::Vec<DI> a[4][Heads], odd[4][Heads];
-    for (std::size_t k = 0; k < 4; ++k)
-      for (std::size_t h = 0; h < Heads; ++h) a[k][h] = odd[k][h] = hn::Zero(di);
+  HWY_ALIGN float sums[Heads * R + 4];  // [heads][R]
+  for (std::size_t j0 = 0; j0 < n; j0 += R) {
+    std::size_t r[R];  // the tile's rows (the last one again past n)
+    for (std::size_t k = 0; k < R; ++k) r[k] = std::min(j0 + k, n - 1);
+    hn::Vec<DI> a[Heads][R], odd[Heads][R];
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t k = 0; k < R; ++k) a[h][k] = odd[h][k] = hn::Zero(di);
     for (std::size_t c = 0; c < chunks.count; ++c) {
-      hn::Vec<decltype(d16)> x[4];
-      for (std::size_t k = 0; k < 4; ++k) {
+      hn::Vec<decltype(d16)> x[R];
+      for (std::size_t k = 0; k < R; ++k) {
         const auto* p =
             reinterpret_cast<const std::int8_t*>(chunks.at<int8_pairs>(rows[r[k]], r[k], c));
         x[k] = hn::PromoteTo(d16, hn::LoadU(d8, p));
       }
       for (std::size_t h = 0; h < Heads; ++h) {
         const auto qv = hn::Load(d16, q16 + h * q_stride + c * N16);
-        for (std::size_t k = 0; k < 4; ++k)
-          a[k][h] = hn::ReorderWidenMulAccumulate(di, qv, x[k], a[k][h], odd[k][h]);
+        for (std::size_t k = 0; k < R; ++k)
+          a[h][k] = hn::ReorderWidenMulAccumulate(di, qv, x[k], a[h][k], odd[h][k]);
       }
     }
+    VF f[Heads * R];  // chain h · R + k: row k of head h
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t k = 0; k < R; ++k)
+        f[h * R + k] = hn::ConvertTo(d, hn::RearrangeToOddPlusEven(a[h][k], odd[h][k]));
+    std::size_t e = 0;
+    for (; e + 8 <= Heads * R; e += 8)
+      Sum8(d, f[e], f[e + 1], f[e + 2], f[e + 3], f[e + 4], f[e + 5], f[e + 6], f[e + 7], sums + e);
+    if (e < Heads * R) Sum4(d, f[e], f[e + 1], f[e + 2], f[e + 3], sums + e);
     for (std::size_t h = 0; h < Heads; ++h) {
-      VF f[4];
-      for (std::size_t k = 0; k < 4; ++k)
-        f[k] = hn::ConvertTo(d, hn::RearrangeToOddPlusEven(a[k][h], odd[k][h]));
-      Sum4(d, f[0], f[1], f[2], f[3], sums);
+      const float* sh = sums + h * R;
       float* to = out + h * out_stride + j0;
-      if (j0 + 4 <= n) {
-        const hn::CappedTag<float, 4> d4;
-        const auto q = hn::Mul(hn::Load(d4, sums), hn::Set(d4, q_scale[h]));
-        hn::StoreU(hn::Mul(q, hn::LoadU(d4, scales + j0)), d4, to);
-      } else {
-        for (std::size_t k = 0; j0 + k < n; ++k) to[k] = sums[k] * q_scale[h] * scales[j0 + k];
-      }
+      const auto q = hn::Set(d4, q_scale[h]);
+      std::size_t k = 0;
+      for (; k + 4 <= R && j0 + k + 4 <= n; k += 4)
+        hn::StoreU(hn::Mul(hn::Mul(hn::Load(d4, sh + k), q), hn::LoadU(d4, scales + j0 + k)), d4,
+                   to + k);
+      for (; k < R && j0 + k < n; ++k) to[k] = sh[k] * q_scale[h] * scales[j0 + k];
     }
   }
 }
