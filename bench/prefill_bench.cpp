@@ -18,11 +18,11 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
-#include <random>
 #include <span>
 #include <time.h>
 #include <vector>
 
+#include "random_prompt.hpp"
 #include "stream_read.h"
 
 import ringkv;
@@ -32,24 +32,9 @@ constexpr std::size_t prompt_tokens = 4096, head_dim = 128, q_heads = 32, kv_hea
 constexpr std::size_t q_row = q_heads * head_dim, kv_row = kv_heads * head_dim;
 constexpr std::size_t steady_queries = 512;
 
-struct prompt {
-  std::vector<float> q, k, v;  // [tokens, q_row], [tokens, kv_row] × 2
+struct prompt : random_prompt {
   static constexpr std::size_t tokens = prompt_tokens + steady_queries;  // W + 512 at most
-  prompt() : q(tokens * q_row), k(tokens * kv_row), v(tokens * kv_row) {
-    std::mt19937 rng(17);
-    std::normal_distribution<float> normal;
-    for (auto* buf : {&q, &k, &v})
-      for (float& x : *buf) x = normal(rng);
-  }
-  std::span<const float> qs(std::size_t from, std::size_t n) const {
-    return std::span<const float>(q).subspan(from * q_row, n * q_row);
-  }
-  std::span<const float> ks(std::size_t from, std::size_t n) const {
-    return std::span<const float>(k).subspan(from * kv_row, n * kv_row);
-  }
-  std::span<const float> vs(std::size_t from, std::size_t n) const {
-    return std::span<const float>(v).subspan(from * kv_row, n * kv_row);
-  }
+  prompt() : random_prompt(tokens, q_row, kv_row, 17) {}
 };
 
 const prompt& the_prompt() {

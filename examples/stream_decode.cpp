@@ -18,6 +18,9 @@
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "parse_count.hpp"
+
 import ringkv;
 
 namespace {
@@ -41,14 +44,6 @@ void usage(std::FILE* to) {
                "  --gather      copy every window into one run first (the traced adapter path)\n");
 }
 
-bool parse_count(const char* s, std::size_t& out) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0' || v == 0 || v > (1ull << 24)) return false;
-  out = static_cast<std::size_t>(v);
-  return true;
-}
-
 // Returns false on a bad command line (the caller prints usage and exits 2).
 bool parse(int argc, char** argv, settings& s, bool& help) {
   for (int i = 1; i < argc; ++i) {
@@ -59,11 +54,11 @@ bool parse(int argc, char** argv, settings& s, bool& help) {
     else if (a == "--gather")
       s.gather = true;
     else if (a == "--tokens" && has_value) {
-      if (!parse_count(argv[++i], s.tokens)) return false;
+      if (!parse_count(argv[++i], s.tokens, 1, 1ull << 24)) return false;
     } else if (a == "--window" && has_value) {
-      if (!parse_count(argv[++i], s.window)) return false;
+      if (!parse_count(argv[++i], s.window, 1, 1ull << 24)) return false;
     } else if (a == "--layers" && has_value) {
-      if (!parse_count(argv[++i], s.layers)) return false;
+      if (!parse_count(argv[++i], s.layers, 1, 1ull << 24)) return false;
     } else if (a == "--trace" && has_value)
       s.trace_file = argv[++i];
     else

@@ -8,7 +8,6 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -19,6 +18,7 @@
 #include "cache_kind.hpp"
 #include "count_new.hpp"
 #include "hwy_targets.hpp"
+#include "random_prompt.hpp"
 
 import ringkv;
 
@@ -31,27 +31,11 @@ namespace {
 
 constexpr std::size_t head_dim = 16, q_heads = 8;
 
-/// Seeded random rows for n tokens: q [n, q_heads * head_dim], k and v [n, kv_heads * head_dim].
-struct prompt {
-  std::size_t q_row, kv_row;
-  std::vector<float> q, k, v;
+/// Seeded random rows for n tokens: q [n, heads * dim], k and v [n, kv_heads * dim].
+struct prompt : random_prompt {
   prompt(std::size_t n, std::size_t kv_heads, unsigned seed, float spread = 1.0f,
          std::size_t heads = q_heads, std::size_t dim = head_dim)
-      : q_row(heads * dim), kv_row(kv_heads * dim), q(n * q_row), k(n * kv_row), v(n * kv_row) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, spread);
-    for (auto* buf : {&q, &k, &v})
-      for (float& x : *buf) x = nd(rng);
-  }
-  std::span<const float> qs(std::size_t from, std::size_t n) const {
-    return std::span<const float>(q).subspan(from * q_row, n * q_row);
-  }
-  std::span<const float> ks(std::size_t from, std::size_t n) const {
-    return std::span<const float>(k).subspan(from * kv_row, n * kv_row);
-  }
-  std::span<const float> vs(std::size_t from, std::size_t n) const {
-    return std::span<const float>(v).subspan(from * kv_row, n * kv_row);
-  }
+      : random_prompt(n, heads * dim, kv_heads * dim, seed, spread) {}
 };
 
 ringkv::default_kv_cache_store ring(std::size_t kv_heads, std::size_t capacity,

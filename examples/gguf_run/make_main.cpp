@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 
+#include "../parse_count.hpp"
 #include "maker.hpp"
 
 namespace {
@@ -19,13 +20,6 @@ void usage(std::FILE* to) {
       "  --period   gemma3: every N-th layer global (default 2)\n");
 }
 
-bool count(const char* s, std::size_t& out) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0' || v > (1ull << 30)) return false;
-  out = static_cast<std::size_t>(v);
-  return true;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,26 +44,26 @@ int main(int argc, char** argv) {
     else if (a == "--out")
       out = v;
     else if (a == "--seed") {
-      ok = count(v, seed);
+      ok = parse_count(v, seed);
       spec.seed = seed;
     } else if (a == "--vocab")
-      ok = count(v, spec.vocab);
+      ok = parse_count(v, spec.vocab);
     else if (a == "--embd")
-      ok = count(v, spec.embd);
+      ok = parse_count(v, spec.embd);
     else if (a == "--layers")
-      ok = count(v, spec.layers);
+      ok = parse_count(v, spec.layers);
     else if (a == "--heads")
-      ok = count(v, spec.heads);
+      ok = parse_count(v, spec.heads);
     else if (a == "--kv-heads")
-      ok = count(v, spec.kv_heads);
+      ok = parse_count(v, spec.kv_heads);
     else if (a == "--head-dim")
-      ok = count(v, spec.head_dim);
+      ok = parse_count(v, spec.head_dim);
     else if (a == "--ff")
-      ok = count(v, spec.ff);
+      ok = parse_count(v, spec.ff);
     else if (a == "--window")
-      ok = count(v, spec.window);
+      ok = parse_count(v, spec.window);
     else if (a == "--period")
-      ok = count(v, spec.period);
+      ok = parse_count(v, spec.period);
     else if (a == "--sliding") {
       spec.sliding.clear();
       for (const char* p = v; *p; ++p) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../parse_count.hpp"
 #include "matmul.hpp"
 #include "model.hpp"
 
@@ -28,14 +29,6 @@ void usage(std::FILE* to) {
       "  --logits FILE    write the logits of every position, f32 little-endian\n"
       "                   [positions, vocab], prompt then generated tokens\n"
       "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");
-}
-
-bool count(const char* s, std::size_t& out, std::size_t min = 0) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0' || v < min || v > (1ull << 30)) return false;
-  out = static_cast<std::size_t>(v);
-  return true;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -66,15 +59,15 @@ int main(int argc, char** argv) {
     else if (a == "--logits")
       logits_path = v;
     else if (a == "--random-prompt")
-      ok = count(v, random_prompt, 1);
+      ok = parse_count(v, random_prompt, 1);
     else if (a == "--seed")
-      ok = count(v, seed);
+      ok = parse_count(v, seed);
     else if (a == "--generate")
-      ok = count(v, generate);
+      ok = parse_count(v, generate);
     else if (a == "--chunk")
-      ok = count(v, chunk, 1);
+      ok = parse_count(v, chunk, 1);
     else if (a == "--threads")
-      ok = count(v, threads, 1);
+      ok = parse_count(v, threads, 1);
     else if (a == "--cache") {
       const auto t = gguf_run::parse_cache_type(v);
       ok = t.has_value();
@@ -85,7 +78,7 @@ int main(int argc, char** argv) {
       while (ok && p <= s.size()) {
         const std::size_t q = std::min(s.find(',', p), s.size());
         std::size_t id = 0;
-        ok = count(s.substr(p, q - p).c_str(), id) && id < (1u << 31);
+        ok = parse_count(s.substr(p, q - p).c_str(), id) && id < (1u << 31);
         prompt.push_back(static_cast<std::int32_t>(id));
         p = q + 1;
       }
