@@ -283,6 +283,36 @@ BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_c
   BOOST_TEST(std::isfinite(out[0]));
 }
 
+BOOST_AUTO_TEST_CASE(every_compressed_kind_steps_over_a_wrapped_ring_without_allocating) {
+  // Each layout (2-, 3-, 4-bit groups and rows, QJL signs, int8 rows), with rows a whole number
+  // of chunks (D 128) and not (D 96: tails copied into the scratch), the attention's trace
+  // sink wired: no operator new and no trace event per step.
+  for (std::size_t d : {96u, 128u})
+    for (const variant& v : variants) {
+      trace::recorder rec(64);
+      auto s = v.make(shape(d, 64, 2), {.sliding_window = true, .keep = 4, .slack = 2});
+      fill({s.get()}, 150, 19);
+      const ringkv::compressed_kv_attention attention({.sink = &rec});
+      std::mt19937 rng(23);
+      const auto q = gaussian(rng, 8 * d), k = gaussian(rng, 2 * d), val = gaussian(rng, 2 * d);
+      std::vector<float> out(q.size());
+      rec.clear();
+      const ringkv_test::new_counter counter;
+      for (int step = 0; step < 16; ++step) {
+        const std::size_t p = s->append(0, k, val);
+        const auto w = s->query_window(p);
+        attention.decode_step(q, s->compressed_key_window(0, w.from, w.to),
+                              s->compressed_value_window(0, w.from, w.to), out);
+      }
+      const std::uint64_t calls = counter.calls();  // before the context's message allocates
+      BOOST_TEST_CONTEXT(v.name << ", D " << d) {
+        BOOST_TEST(calls == 0u);
+        BOOST_TEST(rec.emitted() == 0u);
+        BOOST_TEST(std::isfinite(out[0]));
+      }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(a_pool_splits_a_step_by_query_heads_with_the_bits_of_one_thread) {
   // 2 threads take whole kv heads (kv 8, 2) or share one kv head's group (kv 1, 3 query heads
   // a kv head); 3 threads split groups unevenly. Every head's bits must be those of one call.
