@@ -166,11 +166,8 @@ struct triple_rows {
     const auto x = hn::BitCast(
         du, hn::Vec<decltype(d16)>{_mm512_permutexvar_epi16(hn::Load(d16, words).raw, raw.raw)});
     const auto s = hn::Load(du, shifts);
-    const auto three = hn::Set(du, 3);
-    out[0] = LookupLevels<3>(d, levels, hn::Shr(x, s));
-    out[1] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, three)));
-    out[2] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, hn::Add(three, three))));
-    out[3] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, hn::Set(du, 9))));
+    for (std::uint32_t m = 0; m < 4; ++m)
+      out[m] = LookupLevels<3>(d, levels, hn::Shr(x, hn::Add(s, hn::Set(du, 3 * m))));
   }
 #else
   static constexpr std::size_t vectors = lanes >= 16 ? 1 : 16 / lanes;
@@ -412,7 +409,7 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
   const hn::Rebind<std::int8_t, decltype(d16)> d8;
   const hn::CappedTag<float, 4> d4;
   const std::size_t N16 = hn::Lanes(d16);
-  HWY_ALIGN float sums[Heads * R + 4];  // [heads][R]
+  HWY_ALIGN float sums[Heads * R];  // [heads][R]
   for (std::size_t j0 = 0; j0 < n; j0 += R) {
     std::size_t r[R];  // the tile's rows (the last one again past n)
     for (std::size_t k = 0; k < R; ++k) r[k] = std::min(j0 + k, n - 1);
