@@ -261,11 +261,6 @@ struct row_chunks {
   }
 };
 
-/// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j (expansion order) for `Heads` heads
-/// (weights w + h · w_stride, accumulators acc + h · padded) over chunks [c0, c0 + Chunks): per
-/// element `Chains` chains in registers from zero, chain k over the rows j ≡ k (mod Chains), added
-/// pairwise in a fixed order, then one fused fold. The rows are a block's window positions, so
-/// neither the ring's phase nor a split changes the sum.
 /// a[h][·] += w[h · w_stride + j] · row j's chunks [c0, c0 + Chunks) for `Heads` heads (an
 /// always-inlined function, not a lambda: a lambda's captures kept a[] in memory).
 template <class Kind, std::size_t Heads, std::size_t Chunks>

@@ -6,9 +6,9 @@
 // TurboQuant keys (slot groups, quant_codec.h) by looking their codes up in 7-bit tables of
 // q'ᵢ·c (one scale a query head), summed exactly in integers, times the scale and the key's
 // norm; with QJL plus the same of ⟨scale·sqrt(π/2)/d·S·q, sign bits⟩ times ‖k‖·‖r‖; int8 keys by
-// an exact integer dot product with the query rounded to 16 bits. Then per block of 64 positions the online-softmax step and the V rows
-// expanded in registers (the codebook in SIMD lanes, TableLookupLanes) into the block's weighted
-// sums. V is accumulated in the rotated space and rotated back once per output row. Nothing else
+// an exact integer dot product with the query rounded to 16 bits. Then per block of 64 positions
+// the online-softmax step and the V rows expanded in registers (the codebook in SIMD lanes,
+// TableLookupLanes) into the block's weighted sums. V is accumulated in the rotated space and rotated back once per output row. Nothing else
 // is decoded, nothing is allocated; the result depends only on the positions' codes.
 #pragma once
 #include <cstddef>
