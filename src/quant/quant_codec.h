@@ -65,11 +65,14 @@ rows_run run_of(const View& v, std::size_t first) noexcept {
 // coordinate in 16-byte units, the code of slot b (b < 16) in byte b's low nibble and that of
 // slot b + 16 in its high nibble, so that one byte shuffle looks up 16 slots' codes at once.
 // A nibble holds the codes of 4 / bits consecutive coordinates (1, 2 and 4 bits: unit u holds
-// coordinates u·(4 / bits) …, the first in the nibble's low bits). 3-bit codes take three planes
-// of units, unit u of plane p holding coordinate 4u + p in each nibble's low three bits, and in
-// the nibble's top bit bit p of coordinate 4u + 3's code: every index a shuffle takes is one or
-// two operations away (a 3-bit code a lookup). Units are padded to a multiple of 4 (a 512-bit
-// vector's), coordinates past head_dim hold code 0.
+// coordinates u·(4 / bits) …, the first in the nibble's low bits); units are padded to a multiple
+// of 4 (a 512-bit vector's). 3-bit codes take a byte a slot: per octet of coordinates 8o … 8o + 7
+// three planes of 32 bytes (slot b at byte b), plane p holding coordinate 8o + 2p in bits 0-2 and
+// 8o + 2p + 1 in bits 3-5, and in bits 6-7 bits 2p, 2p + 1 of the pair index of 8o + 6 and
+// 8o + 7 (their codes c6 | c7 << 3): each plane is two codes' 6-bit pair index as it stands, a
+// 64-entry byte permute's (VPERMB) or two 16-entry shuffles'. Octets go in twos, plane p of both
+// side by side (64 bytes: 2o's, then 2o + 1's), so a vector of 64 bytes holds one plane of 16
+// coordinates. Coordinates past head_dim hold code 0.
 
 /// Slots in a group.
 inline constexpr std::size_t group_slots = 32;
@@ -78,15 +81,18 @@ inline constexpr std::size_t group_slots = 32;
 /// rows read up to 8 bytes past a row (32 bytes for a 24-byte chunk).
 inline constexpr std::size_t value_code_padding = 16;
 
-/// Units of one plane of a group of `bits`-bit codes of `d` coordinates (a multiple of 4).
+/// Units of a group of `bits`-bit codes (1, 2, 4) of `d` coordinates (a multiple of 4).
 inline std::size_t group_units(std::size_t d, unsigned bits) noexcept {
-  const std::size_t per_unit = bits == 3 ? 4 : 4 / bits;
+  const std::size_t per_unit = 4 / bits;
   return ((d + per_unit - 1) / per_unit + 3) / 4 * 4;
 }
 
+/// Pairs of octets (16 coordinates, 192 bytes) of a group of 3-bit codes of `d` coordinates.
+inline std::size_t group_sixteens(std::size_t d) noexcept { return (d + 15) / 16; }
+
 /// Bytes of one group of `bits`-bit codes (bits 1 to 4) of `d` coordinates.
 inline std::size_t group_bytes(std::size_t d, unsigned bits) noexcept {
-  return 16 * group_units(d, bits) * (bits == 3 ? 3 : 1);
+  return bits == 3 ? 192 * group_sixteens(d) : 16 * group_units(d, bits);
 }
 
 /// Slots a head's groups take: `capacity` rounded up to whole groups.
@@ -100,24 +106,25 @@ struct group_place {
   std::size_t byte = 0;
   unsigned shift = 0, width = 0;
 };
-inline group_place place_in_group(std::size_t d, unsigned bits, std::size_t b, std::size_t i,
+inline group_place place_in_group(unsigned bits, std::size_t b, std::size_t i,
                                   unsigned bit = 0) noexcept {
-  const std::size_t units = group_units(d, bits), s = b / 16, j = b % 16;
   if (bits != 3) {
     const std::size_t per_unit = 4 / bits;
-    return {16 * (i / per_unit) + j, unsigned(4 * s + bits * (i % per_unit)), bits};
+    return {16 * (i / per_unit) + b % 16, unsigned(4 * (b / 16) + bits * (i % per_unit)), bits};
   }
-  const std::size_t u = i / 4, k = i % 4;
-  if (k < 3) return {16 * (k * units + u) + j, unsigned(4 * s + bit), 1};
-  return {16 * (bit * units + u) + j, unsigned(4 * s + 3), 1};
+  // octet 2·t + s of coordinates; k: coordinate i's place in its octet
+  const std::size_t t = i / 16, s = i / 8 % 2, k = i % 8;
+  const std::size_t p = k < 6 ? k / 2 : (3 * (k - 6) + bit) / 2;
+  const unsigned shift = k < 6 ? unsigned(3 * (k % 2) + bit) : 6 + (3 * (k - 6) + bit) % 2;
+  return {192 * t + 64 * p + 32 * s + b, shift, 1};
 }
 
 /// Code of coordinate i of slot b of the group at `group`.
-inline std::uint8_t grouped_code_at(const std::byte* group, std::size_t d, unsigned bits,
-                                    std::size_t b, std::size_t i) noexcept {
+inline std::uint8_t grouped_code_at(const std::byte* group, unsigned bits, std::size_t b,
+                                    std::size_t i) noexcept {
   unsigned v = 0;
   for (unsigned bit = 0; bit < (bits == 3 ? 3u : 1u); ++bit) {
-    const group_place at = place_in_group(d, bits, b, i, bit);
+    const group_place at = place_in_group(bits, b, i, bit);
     v |= ((unsigned(group[at.byte]) >> at.shift) & ((1u << at.width) - 1)) << bit;
   }
   return std::uint8_t(v);
@@ -128,7 +135,7 @@ inline void grouped_store(std::byte* group, std::size_t d, unsigned bits, std::s
                           const std::uint8_t* codes) noexcept {
   for (std::size_t i = 0; i < d; ++i)
     for (unsigned bit = 0; bit < (bits == 3 ? 3u : 1u); ++bit) {
-      const group_place at = place_in_group(d, bits, b, i, bit);
+      const group_place at = place_in_group(bits, b, i, bit);
       const unsigned mask = ((1u << at.width) - 1) << at.shift;
       group[at.byte] = std::byte((unsigned(group[at.byte]) & ~mask) |
                                  ((unsigned(codes[i]) >> bit << at.shift) & mask));
@@ -224,7 +231,7 @@ struct row_reader {
                  : codes + (h * v.head_stride + v.slot + p) * row_bytes;
   }
   std::uint8_t operator()(std::size_t i) const noexcept {
-    return grouped ? grouped_code_at(at, d, bits, slot, i) : code_at(at, bits, i);
+    return grouped ? grouped_code_at(at, bits, slot, i) : code_at(at, bits, i);
   }
 };
 

@@ -12,6 +12,11 @@
 
 #include "quant_simd.h"
 
+// Also compiled for AVX3_DL (Highway builds it only on request), whose byte permutes look up two
+// 3-bit codes at once (triples-inl.h; Zen 4, tq3 ÷ tq4 see bench/README).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "quant/quant_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -19,7 +24,7 @@
 #include "hwy/highway.h"
 #include "kernels/decode-inl.h"
 #include "quant/expand-inl.h"
-#include "quant/scan-inl.h"
+#include "quant/triples-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
@@ -32,9 +37,9 @@ inline constexpr std::size_t compressed_block = max_block_positions;
 inline constexpr std::size_t segment_blocks = segment_positions / compressed_block;
 // Floats of a head's state and output rows: head_dim rounded up to whole chunks of any row kind.
 inline constexpr std::size_t max_padded = max_dim + 4 * hn::MaxLanes(DF());
-// Table bytes of one query head: 4-bit codes take 16 a coordinate (3-bit 16 a coordinate too,
-// 1- and 2-bit fewer), rounded up to whole units of 4.
-inline constexpr std::size_t max_table_bytes = 16 * (max_dim + 16);
+// Table bytes of one query head: 3-bit codes take 32 a coordinate (4-bit 16, 1- and 2-bit fewer),
+// rounded up to whole units.
+inline constexpr std::size_t max_table_bytes = 32 * (max_dim + 16);
 
 /// The softmax step's exponential here: e^x for x ≤ 0 (−inf gives 0; every argument is a score
 /// minus a running max) as 2^n · 2^f, t = x·log2 e clamped to −127 (2^−127 taken as 0),
@@ -109,7 +114,7 @@ struct chunk_work {
   HWY_ALIGN std::int16_t q16[max_scan_heads * max_padded];  // int8 keys: q rounded, zero-padded
   float q_scale[max_scan_heads];                            // q ≈ q16 · q_scale
   HWY_ALIGN std::uint8_t code_bytes[max_scan_heads * max_table_bytes];
-  HWY_ALIGN std::uint8_t sign_bytes[max_scan_heads * max_table_bytes / 4];
+  HWY_ALIGN std::uint8_t sign_bytes[max_scan_heads * max_table_bytes / 8];
   scan_tables codes, signs;
   std::size_t code_group = 0, sign_group = 0;  // bytes of a group of codes, of signs
   // [segment_blocks][heads][compressed_block]: a segment's scores, then its weights
@@ -388,6 +393,8 @@ HWY_EXPORT(CompressedDecodeImpl);
 void compressed_decode(const compressed_problem& p, const float* sinks, float* out) {
   HWY_DYNAMIC_DISPATCH(CompressedDecodeImpl)(p, sinks, out);
 }
+
+std::int64_t compressed_targets() { return HWY_TARGETS; }
 
 }  // namespace ringkv::simd
 #endif  // HWY_ONCE

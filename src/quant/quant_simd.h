@@ -42,5 +42,8 @@ struct compressed_problem {
 /// Rows [q_first, q_last) of out [q_heads, head_dim] = softmax(q·K̂ᵀ·scale (+ sink)) · V̂;
 /// O(window · (heads + decode) · head_dim), no allocation; other rows of `out` are untouched.
 void compressed_decode(const compressed_problem& p, const float* sinks, float* out);
+/// The Highway targets compressed_decode was compiled for (HWY_TARGETS' bits: the kernels' and
+/// AVX3_DL), so tests run exactly those; O(1).
+std::int64_t compressed_targets();
 
 }  // namespace ringkv::simd

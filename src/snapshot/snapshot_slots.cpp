@@ -154,7 +154,7 @@ void save_rows(const plane_ref& p, const plane_spec& spec, std::size_t d, std::s
   for (std::size_t slot = r.slot; slot < r.slot + r.count; ++slot) {
     const std::byte* group = group_at(p, spec, d, h, slot);
     for (std::size_t i = 0; i < d; ++i)
-      codes[i] = codec::grouped_code_at(group, d, spec.grouped_bits, slot % codec::group_slots, i);
+      codes[i] = codec::grouped_code_at(group, spec.grouped_bits, slot % codec::group_slots, i);
     codec::pack(codes.data(), d, spec.grouped_bits, row.data());
     out.elements(row.data(), row.size(), 1);
   }
