@@ -137,23 +137,25 @@ BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_
   // int8 within its query's rounding to 16 bits (the output by about 3e-5, 0.3 % of int8's own
   // error); TurboQuant within its keys' 7-bit score tables (a score off by at most half a table
   // step a coordinate; the attention output by 2-4 %).
-  for (std::size_t d : {64u, 96u, 128u, 5u})
-    for (const variant& v : variants) {
-      const std::size_t kv_heads = 2, q_heads = 8, n = 150;
-      auto s = v.make(shape(d, n, kv_heads), {});
-      fill({s.get()}, n, 3);
-      std::mt19937 rng(9);
-      const auto q = gaussian(rng, q_heads * d);
-      const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n), kv_heads,
-                                  d, 1.0f / std::sqrt(float(d)));
-      const bool exact = std::string(v.name) == "int8";
-      for_each_target([&](const char* target) {
-        const double e = relative_error(attend(*s, q, 0, n), want);
-        BOOST_TEST_CONTEXT(v.name << ", D " << d << ", " << target) {
-          BOOST_TEST(e < (exact ? 1e-4 : 0.06));
-        }
-      });
-    }
+  // kv 8: one query head a kv head (3-bit V rows of whole 128-coordinate chunks expand as such)
+  for (std::size_t d : {64u, 96u, 128u, 5u, 256u})
+    for (std::size_t kv_heads : {2u, 8u})
+      for (const variant& v : variants) {
+        const std::size_t q_heads = 8, n = 150;
+        auto s = v.make(shape(d, n, kv_heads), {});
+        fill({s.get()}, n, 3);
+        std::mt19937 rng(9);
+        const auto q = gaussian(rng, q_heads * d);
+        const auto want = reference(q, read_all(*s, true, 0, n), read_all(*s, false, 0, n),
+                                    kv_heads, d, 1.0f / std::sqrt(float(d)));
+        const bool exact = std::string(v.name) == "int8";
+        for_each_target([&](const char* target) {
+          const double e = relative_error(attend(*s, q, 0, n), want);
+          BOOST_TEST_CONTEXT(v.name << ", D " << d << ", kv " << kv_heads << ", " << target) {
+            BOOST_TEST(e < (exact ? 1e-4 : 0.06));
+          }
+        });
+      }
 }
 
 BOOST_AUTO_TEST_CASE(score_tables_add_at_most_a_tenth_to_the_exact_codebooks_error) {
@@ -244,37 +246,39 @@ BOOST_AUTO_TEST_CASE(error_against_the_f32_store_falls_as_bits_grow) {
 }
 
 BOOST_AUTO_TEST_CASE(a_wrapped_ring_gives_the_bits_of_a_never_wrapped_store) {
-  const std::size_t d = 64, kv_heads = 2, capacity = 37;
-  std::mt19937 rng(13);
-  const auto q = gaussian(rng, 4 * d);
+  // D 64 with two query heads a kv head; D 128 with one (3-bit V rows in 128-coordinate chunks)
+  const std::size_t kv_heads = 2, capacity = 37;
   std::size_t compared = 0;
-  for (std::size_t keep : {0u, 3u})
-    for (std::size_t wrap = 0; wrap < capacity - keep; wrap += 3)
-      for (const variant& v : variants) {
-        // Both see the same tokens; the ring wrapped twice and `wrap` more, the other never.
-        const std::size_t tokens = 2 * capacity + wrap;
-        const store_options ring_options{.sliding_window = true, .keep = keep};
-        auto ring = v.make(shape(d, capacity, kv_heads), ring_options);
-        auto flat = v.make(shape(d, tokens + 1, kv_heads), ring_options);
-        fill({ring.get(), flat.get()}, tokens, 17);
-        const std::size_t from = tokens - (capacity - keep);
-        const compressed_window rk = ring->compressed_key_window(0, from, tokens),
-                                rv = ring->compressed_value_window(0, from, tokens),
-                                fk = flat->compressed_key_window(0, from, tokens),
-                                fv = flat->compressed_value_window(0, from, tokens);
-        BOOST_TEST_CONTEXT(v.name << ", keep " << keep << ", wrap " << wrap) {
-          BOOST_TEST(store_test::positions_of(rk) == store_test::positions_of(fk),
-                     boost::test_tools::per_element());
-          BOOST_TEST(!fk.wrapped());
-          if ((tokens - keep) % (capacity - keep) != 0) BOOST_TEST(rk.wrapped());
-          std::vector<float> a(q.size()), b(q.size(), 1.0f);
-          ringkv::compressed_kv_attention().decode_step(q, rk, rv, a);
-          ringkv::compressed_kv_attention().decode_step(q, fk, fv, b);
-          BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-          ++compared;
+  for (const auto& [d, q_heads] : {std::pair<std::size_t, std::size_t>{64, 4}, {128, 2}})
+    for (std::size_t keep : {0u, 3u})
+      for (std::size_t wrap = 0; wrap < capacity - keep; wrap += 3)
+        for (const variant& v : variants) {
+          // Both see the same tokens; the ring wrapped twice and `wrap` more, the other never.
+          const std::size_t tokens = 2 * capacity + wrap;
+          const store_options ring_options{.sliding_window = true, .keep = keep};
+          auto ring = v.make(shape(d, capacity, kv_heads), ring_options);
+          auto flat = v.make(shape(d, tokens + 1, kv_heads), ring_options);
+          fill({ring.get(), flat.get()}, tokens, 17);
+          const std::size_t from = tokens - (capacity - keep);
+          const compressed_window rk = ring->compressed_key_window(0, from, tokens),
+                                  rv = ring->compressed_value_window(0, from, tokens),
+                                  fk = flat->compressed_key_window(0, from, tokens),
+                                  fv = flat->compressed_value_window(0, from, tokens);
+          BOOST_TEST_CONTEXT(v.name << ", D " << d << ", keep " << keep << ", wrap " << wrap) {
+            std::mt19937 rng(13);
+            const auto q = gaussian(rng, q_heads * d);
+            BOOST_TEST(store_test::positions_of(rk) == store_test::positions_of(fk),
+                       boost::test_tools::per_element());
+            BOOST_TEST(!fk.wrapped());
+            if ((tokens - keep) % (capacity - keep) != 0) BOOST_TEST(rk.wrapped());
+            std::vector<float> a(q.size()), b(q.size(), 1.0f);
+            ringkv::compressed_kv_attention().decode_step(q, rk, rv, a);
+            ringkv::compressed_kv_attention().decode_step(q, fk, fv, b);
+            BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+            ++compared;
+          }
         }
-      }
-  BOOST_TEST(compared > 50u);
+  BOOST_TEST(compared > 100u);
 }
 
 namespace {
@@ -285,11 +289,13 @@ struct step_counts {
   std::uint64_t calls, events;
   bool finite;
 };
-step_counts sixteen_steps(compressed_kv_cache_store& s, std::size_t d, trace::recorder& rec) {
+step_counts sixteen_steps(compressed_kv_cache_store& s, std::size_t d, std::size_t kv_heads,
+                          trace::recorder& rec) {
   fill({&s}, 150, 19);
   const ringkv::compressed_kv_attention attention({.sink = &rec});
   std::mt19937 rng(23);
-  const auto q = gaussian(rng, 8 * d), k = gaussian(rng, 2 * d), v = gaussian(rng, 2 * d);
+  const auto q = gaussian(rng, 8 * d), k = gaussian(rng, kv_heads * d),
+             v = gaussian(rng, kv_heads * d);
   std::vector<float> out(q.size());
   rec.clear();
   const ringkv_test::new_counter counter;
@@ -309,7 +315,7 @@ BOOST_AUTO_TEST_CASE(sixteen_steps_over_a_wrapped_compressed_ring_allocate_and_c
   trace::recorder rec(64);
   turboquant_kv_cache_store s(shape(128, 64, 2), {.key_bits = 4, .value_bits = 4, .qjl = true},
                               {.sliding_window = true, .keep = 4, .slack = 2}, rec);
-  const step_counts made = sixteen_steps(s, 128, rec);
+  const step_counts made = sixteen_steps(s, 128, 2, rec);
   BOOST_TEST(made.calls == 0u);
   BOOST_TEST(made.events == 0u);
   BOOST_TEST(made.finite);
@@ -319,17 +325,19 @@ BOOST_AUTO_TEST_CASE(every_compressed_kind_steps_over_a_wrapped_ring_without_all
   // Each layout (2-, 3-, 4-bit groups and rows, QJL signs, int8 rows), with rows a whole number
   // of chunks (D 128) and not (D 96: tails copied into the scratch), the attention's trace
   // sink wired: no operator new and no trace event per step.
+  // (kv 8: one query head a kv head, 3-bit V rows of D 128 in 128-coordinate chunks)
   for (std::size_t d : {96u, 128u})
-    for (const variant& v : variants) {
-      trace::recorder rec(64);
-      auto s = v.make(shape(d, 64, 2), {.sliding_window = true, .keep = 4, .slack = 2});
-      const step_counts made = sixteen_steps(*s, d, rec);
-      BOOST_TEST_CONTEXT(v.name << ", D " << d) {
-        BOOST_TEST(made.calls == 0u);
-        BOOST_TEST(made.events == 0u);
-        BOOST_TEST(made.finite);
+    for (std::size_t kv : {2u, 8u})
+      for (const variant& v : variants) {
+        trace::recorder rec(64);
+        auto s = v.make(shape(d, 64, kv), {.sliding_window = true, .keep = 4, .slack = 2});
+        const step_counts made = sixteen_steps(*s, d, kv, rec);
+        BOOST_TEST_CONTEXT(v.name << ", D " << d << ", kv " << kv) {
+          BOOST_TEST(made.calls == 0u);
+          BOOST_TEST(made.events == 0u);
+          BOOST_TEST(made.finite);
+        }
       }
-    }
 }
 
 BOOST_AUTO_TEST_CASE(a_pool_splits_a_step_by_query_heads_with_the_bits_of_one_thread) {

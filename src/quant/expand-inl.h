@@ -195,6 +195,46 @@ struct triple_rows {
 #endif
 };
 
+// On x86 targets with AVX-512 VBMI a byte permute (VPERMB) moves any of 64 bytes to any lane.
+#undef RINGKV_BYTE_PERMUTE
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+#define RINGKV_BYTE_PERMUTE 1
+
+/// 3-bit codes, 128 coordinates (48 bytes) a chunk, for rows of whole chunks that one query head
+/// reads (a GQA group's heads would hold more sums than registers): a byte permute gives lane i
+/// the 32 bits from byte 3i, whose codes 8i … 8i + 7 start at bit 0, so vector m (coordinates
+/// 8i + m) is a constant shift and the codebook permute, as for 4-bit rows (the 64-coordinate
+/// chunks' lanes start at four shifts, one more operation a vector). Reads 16 bytes past a
+/// chunk (value_code_padding).
+struct wide_triple_rows {
+  static constexpr std::size_t vectors = 8;
+  static constexpr std::size_t coords() { return 128; }
+  static constexpr std::size_t bytes() { return 48; }
+  static std::size_t coordinate(std::size_t e) {
+    const std::size_t r = e % 128;
+    return e - r + 8 * (r % 16) + r / 16;
+  }
+  template <int M>
+  static HWY_INLINE void expand_from(hn::Vec<DU32> x, const float* levels, VF* out) {
+    out[M] = LookupLevels<3>(DF(), levels, hn::ShiftRight<3 * M>(x));
+    if constexpr (M + 1 < int(vectors)) expand_from<M + 1>(x, levels, out);
+  }
+  static HWY_INLINE void expand(const std::uint8_t* p, const float* levels, VF* out) {
+    const hn::Repartition<std::uint8_t, DF> d8;
+    alignas(64) static constexpr std::uint8_t
+        from[64] =
+            {
+                0,  1,  2,  3,  3,  4,  5,  6,  6,  7,  8,  9,  9,  10, 11, 12, 12,
+                13, 14, 15, 15, 16, 17, 18, 18, 19, 20, 21, 21, 22, 23, 24, 24, 25,
+                26, 27, 27, 28, 29, 30, 30, 31, 32, 33, 33, 34, 35, 36, 36, 37, 38,
+                39, 39, 40, 41, 42, 42, 43, 44, 45, 45, 46, 47, 48};  // lane i: bytes 3i … 3i + 3
+    const auto x = hn::Vec<decltype(d8)>{
+        _mm512_permutexvar_epi8(hn::Load(d8, from).raw, hn::LoadU(d8, p).raw)};
+    expand_from<0>(hn::BitCast(DU32(), x), levels, out);
+  }
+};
+#endif
+
 /// int8 codes: a chunk of N bytes is N coordinates in order, converted exactly.
 struct int8_rows {
   static constexpr std::size_t vectors = 1;

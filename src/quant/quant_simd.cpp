@@ -106,6 +106,39 @@ HWY_INLINE const float* PieceRows(const code_window& w, const piece& pc, const s
   return w.runs[pc.run].scales + pc.row;
 }
 
+/// How V rows expand (expand-inl.h): int8, 2-, 3- (128 coordinates a chunk where the target has a
+/// byte permute and one query head reads whole chunks of them) or 4-bit codes.
+enum class value_kind { int8, crumb, triple, wide_triple, nibble };
+
+HWY_INLINE value_kind ValueKindOf(const codec::rows_format& f, std::size_t group) {
+  if (f.int8) return value_kind::int8;
+  if (f.bits == 2) return value_kind::crumb;
+  if (f.bits != 3) return value_kind::nibble;
+#ifdef RINGKV_BYTE_PERMUTE
+  if (group == 1 && f.head_dim % wide_triple_rows::coords() == 0) return value_kind::wide_triple;
+#endif
+  return value_kind::triple;
+}
+
+/// f(Kind()) for the row kind k.
+template <class F>
+HWY_INLINE auto VisitValueKind(value_kind k, F&& f) {
+  switch (k) {
+    case value_kind::int8:
+      return f(int8_rows());
+    case value_kind::crumb:
+      return f(crumb_rows());
+    case value_kind::triple:
+      return f(triple_rows());
+#ifdef RINGKV_BYTE_PERMUTE
+    case value_kind::wide_triple:
+      return f(wide_triple_rows());
+#endif
+    default:
+      return f(nibble_rows());
+  }
+}
+
 /// What one chunk of query heads works with: its rotated queries and lookup tables, the
 /// segment's scores and the block weights, on the stack (about 60 KB at head_dim 256).
 struct chunk_work {
@@ -127,6 +160,7 @@ struct chunk_work {
   const std::byte* rows[compressed_block];
   lane_table values;
   row_chunks key_chunks, value_chunks;
+  value_kind values_kind = value_kind::nibble;
 };
 
 /// Scales and rotates the chunk's queries into the keys' frame (TurboQuant: q' = scale·Π·q) and
@@ -280,49 +314,20 @@ HWY_INLINE void AccumulateBlock(const compressed_problem& cp, std::size_t kv, st
     n += pc.count;
   }
   w.value_chunks.copy_tails(w.rows, n);
-  const float* levels = w.values.levels;
-  const auto args = [&](auto kind) {
+  VisitValueKind(w.values_kind, [&](auto kind) {
     AccumulateRows<decltype(kind)>(count, w.rows, n, w.weights, compressed_block, rescale, s.acc,
-                                   padded, w.value_chunks, levels);
-  };
-  if (v.format.int8) return args(int8_rows());
-  switch (v.format.bits) {
-    case 2:
-      return args(crumb_rows());
-    case 3:
-      return args(triple_rows());
-    default:
-      return args(nibble_rows());
-  }
-}
-
-/// Expansion index → coordinate for the values' row kind (see expand-inl.h).
-HWY_INLINE std::size_t ValueCoordinate(const codec::rows_format& f, std::size_t e) {
-  if (f.int8) return int8_rows::coordinate(e);
-  return f.bits == 2   ? crumb_rows::coordinate(e)
-         : f.bits == 3 ? triple_rows::coordinate(e)
-                       : nibble_rows::coordinate(e);
+                                   padded, w.value_chunks, w.values.levels);
+  });
 }
 
 /// Chunks of the values' row kind and their coordinates (the padded accumulator rows).
-template <class Kind>
-HWY_INLINE std::size_t SetChunks(row_chunks& c, std::size_t d, std::size_t row_bytes,
-                                 std::size_t group) {
-  c.set<Kind>(d, row_bytes, group);
-  return c.count * Kind::coords();
-}
-
-HWY_INLINE std::size_t ValueChunks(const codec::rows_format& f, std::size_t d, std::size_t group,
+HWY_INLINE std::size_t ValueChunks(const codec::rows_format& f, value_kind k, std::size_t group,
                                    row_chunks& c) {
-  if (f.int8) return SetChunks<int8_rows>(c, d, f.code_bytes, group);
-  switch (f.bits) {
-    case 2:
-      return SetChunks<crumb_rows>(c, d, f.code_bytes, group);
-    case 3:
-      return SetChunks<triple_rows>(c, d, f.code_bytes, group);
-    default:
-      return SetChunks<nibble_rows>(c, d, f.code_bytes, group);
-  }
+  return VisitValueKind(k, [&](auto kind) {
+    using Kind = decltype(kind);
+    c.set<Kind>(f.head_dim, f.code_bytes, group);
+    return c.count * Kind::coords();
+  });
 }
 
 HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float* sinks,
@@ -331,7 +336,8 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
   const codec::rows_format &kf = cp.keys.format, &vf = cp.values.format;
   const std::size_t d = cp.head_dim, group = cp.q_heads / cp.kv_heads;
   if (!vf.int8) w.values.set(vf.centroids, vf.bits);
-  const std::size_t padded = ValueChunks(vf, d, group, w.value_chunks);
+  w.values_kind = ValueKindOf(vf, group);
+  const std::size_t padded = ValueChunks(vf, w.values_kind, group, w.value_chunks);
   if (kf.int8) w.key_chunks.set<int8_pairs>(d, kf.code_bytes, group);
   const window positions = PositionsOf(cp.keys);
   // [2][heads] the running max and sum, [2][heads] a segment's, then its [heads][padded] sums
@@ -370,7 +376,8 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
       for (std::size_t h = 0; h < count; ++h) {
         const float* row = running + h * padded;
         for (std::size_t e = 0; e < padded; ++e) {
-          const std::size_t i = ValueCoordinate(vf, e);
+          const std::size_t i = VisitValueKind(
+              w.values_kind, [&](auto kind) { return decltype(kind)::coordinate(e); });
           if (i < d) tmp[i] = row[e];
         }
         float* o = out + (q0 + h) * d;

@@ -79,20 +79,20 @@ HWY_INLINE void ShapeTables(scan_tables& t, std::size_t d, unsigned bits) {
 }
 
 /// Sets head h's delta = most / table_step_max (most: a bound on the head's |entries|, 0 for a
-/// zero query) and returns 1 / delta as a vector (0 when most is 0).
-HWY_INLINE VF SetDelta(scan_tables& t, std::size_t h, float most) {
+/// zero query) and returns 1 / delta (0 when most is 0).
+HWY_INLINE float SetDelta(scan_tables& t, std::size_t h, float most) {
   t.delta[h] = most / float(table_step_max);
-  return hn::Set(DF(), most > 0 ? float(table_step_max) / most : 0.0f);
+  return most > 0 ? float(table_step_max) / most : 0.0f;
 }
 
-/// Stores a vector of table values as entries: round(v · inverse) clamped to ±table_step_max,
-/// plus table_bias, one byte a lane.
-HWY_INLINE void StoreEntries(VF v, VF inverse, std::uint8_t* out) {
-  const hn::Rebind<std::int32_t, DF> di;
+/// The float table_bias, where a table's values start (they are summed into it already scaled).
+HWY_INLINE VF Bias() { return hn::Set(DF(), float(table_bias)); }
+
+/// Stores table values already scaled by 1 / delta and biased (in 1 … 127 once rounded, by
+/// delta's bound; no clamp) as entries, one byte a lane.
+HWY_INLINE void StoreEntries(VF v, std::uint8_t* out) {
   const hn::Rebind<std::uint8_t, DF> d8;
-  const auto r = hn::Min(hn::Max(hn::NearestInt(hn::Mul(v, inverse)), hn::Set(di, -table_step_max)),
-                         hn::Set(di, table_step_max));
-  hn::StoreU(hn::DemoteTo(d8, hn::Add(r, hn::Set(di, table_bias))), d8, out);
+  hn::StoreU(hn::DemoteTo(d8, hn::NearestInt(v)), d8, out);
 }
 
 /// Head h's tables for nibble codes (1, 2, 4 bits) of query row q (d floats) and levels (2^bits,
@@ -117,14 +117,14 @@ HWY_INLINE void BuildNibbleTables(scan_tables& t, std::size_t h, const float* q,
     for (std::size_t i = 0; i < per_unit; ++i) sum += std::fabs(coordinate(u, i));
     most = std::max(most, sum * top);
   }
-  const VF inverse = SetDelta(t, h, most);
+  const float inverse = SetDelta(t, h, most);
   std::uint8_t* out = t.bytes + h * t.head_bytes();
   for (std::size_t u = 0; u < t.units; ++u, out += 16)
     for (std::size_t e = 0; e < 16; e += N) {
-      VF v = hn::Mul(hn::Set(df, coordinate(u, 0)), hn::Load(df, pattern[0] + e));
-      for (std::size_t i = 1; i < per_unit; ++i)
-        v = hn::MulAdd(hn::Set(df, coordinate(u, i)), hn::Load(df, pattern[i] + e), v);
-      StoreEntries(v, inverse, out + e);
+      VF v = Bias();
+      for (std::size_t i = 0; i < per_unit; ++i)
+        v = hn::MulAdd(hn::Set(df, coordinate(u, i) * inverse), hn::Load(df, pattern[i] + e), v);
+      StoreEntries(v, out + e);
     }
 }
 

@@ -42,21 +42,24 @@ HWY_INLINE void BuildTripleTables(scan_tables& t, std::size_t h, const float* q,
 #ifdef RINGKV_PAIR_LOOKUP
   for (std::size_t c = 0; c < coordinates; c += 2)
     most = std::max(most, (std::fabs(at(c)) + std::fabs(at(c + 1))) * top);
-  const VF inverse = SetDelta(t, h, most);
-  for (std::size_t c = 0; c < coordinates; c += 2, out += 64)  // [sixteens][2][4] = pair c / 2
+  const float inverse = SetDelta(t, h, most);
+  for (std::size_t c = 0; c < coordinates; c += 2, out += 64) {  // [sixteens][2][4] = pair c / 2
+    const VF a = hn::Set(df, at(c) * inverse), b = hn::Set(df, at(c + 1) * inverse);
     for (std::size_t e = 0; e < 64; e += N)
-      StoreEntries(hn::MulAdd(hn::Set(df, at(c + 1)), hn::Load(df, high + e),
-                              hn::Mul(hn::Set(df, at(c)), hn::Load(df, low + e))),
-                   inverse, out + e);
+      StoreEntries(
+          hn::MulAdd(b, hn::Load(df, high + e), hn::MulAdd(a, hn::Load(df, low + e), Bias())),
+          out + e);
+  }
 #else
   for (std::size_t c = 0; c < coordinates; ++c) most = std::max(most, std::fabs(at(c)) * top);
-  const VF inverse = SetDelta(t, h, most);
+  const float inverse = SetDelta(t, h, most);
   for (std::size_t u = 0; u < t.units; ++u)
     for (std::size_t j = 0; j < 8; ++j)
-      for (std::size_t s = 0; s < 2; ++s, out += 32)  // two blocks of octet 2u + s's table j
+      for (std::size_t s = 0; s < 2; ++s, out += 32) {  // two blocks of octet 2u + s's table j
+        const VF a = hn::Set(df, at(16 * u + 8 * s + j) * inverse);
         for (std::size_t e = 0; e < 32; e += N)
-          StoreEntries(hn::Mul(hn::Set(df, at(16 * u + 8 * s + j)), hn::Load(df, low + e)),
-                       inverse, out + e);
+          StoreEntries(hn::MulAdd(a, hn::Load(df, low + e), Bias()), out + e);
+      }
 #endif
 }
 
@@ -70,14 +73,16 @@ HWY_INLINE V PairIndex(V x0, V x1, V x2) {
   const V s1 = hn::BitCast(d, hn::ShiftRight<4>(hn::BitCast(dw, x1)));
   const V s2 = hn::BitCast(d, hn::ShiftRight<2>(hn::BitCast(dw, x2)));
   // bitwise selects (IfVecThenElse selects whole lanes below AVX3)
-  const auto select = [](V mask, V yes, V no) { return hn::Or(hn::And(mask, yes), hn::AndNot(mask, no)); };
+  const auto select = [](V mask, V yes, V no) {
+    return hn::Or(hn::And(mask, yes), hn::AndNot(mask, no));
+  };
   return select(hn::Set(d, 0x03), s0, select(hn::Set(d, 0x30), s2, s1));
 }
 
 #ifdef RINGKV_PAIR_LOOKUP
 /// The 64-entry table at t (two 32-byte halves) at the low six bits of each byte of idx.
 HWY_INLINE hn::Vec<hn::Full256<std::uint8_t>> LookupPair(const std::uint8_t* t,
-                                                        hn::Vec<hn::Full256<std::uint8_t>> idx) {
+                                                         hn::Vec<hn::Full256<std::uint8_t>> idx) {
   const hn::Full256<std::uint8_t> d;
   return hn::Vec<hn::Full256<std::uint8_t>>{
       _mm256_permutex2var_epi8(hn::Load(d, t).raw, idx.raw, hn::Load(d, t + 32).raw)};
@@ -130,7 +135,8 @@ HWY_INLINE void ScanTriples(const std::uint8_t* HWY_RESTRICT codes, const std::u
     return hn::And(hn::BitCast(d8, hn::ShiftRight<3>(hn::BitCast(d16, v))), low4);
   };
   V16 even[Heads][2], odd[Heads][2];
-  for (std::size_t h = 0; h < Heads; ++h) even[h][0] = odd[h][0] = even[h][1] = odd[h][1] = hn::Zero(d16);
+  for (std::size_t h = 0; h < Heads; ++h)
+    even[h][0] = odd[h][0] = even[h][1] = odd[h][1] = hn::Zero(d16);
   const std::size_t stride = t.head_bytes();
   for (std::size_t u = 0; u < t.units; ++u) {
     for (std::size_t p = 0; p < 3; ++p) Prefetch(next + 192 * u + 64 * p);
