@@ -426,6 +426,21 @@ struct int8_pairs {
   static constexpr std::size_t bytes() { return 2 * hn::MaxLanes(DF()); }
 };
 
+/// sum + the products of a and b's 16-bit lanes summed in pairs (as ReorderWidenMulAccumulate,
+/// the same lanes and the same exact integers): one VPDPWSSD where the target has AVX-512 VNNI
+/// (Highway's is a multiply-add of pairs and an add). Inline assembly: this Highway's AVX3_DL
+/// compiles for AVX-VNNI, not AVX-512 VNNI, so the intrinsic is refused (the target's CPUs have it).
+template <class DW, class V16>
+HWY_INLINE hn::Vec<DW> MulAddPairs(DW dw, V16 a, V16 b, hn::Vec<DW> sum, hn::Vec<DW>& odd) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(DW()) == 16) {
+    asm("vpdpwssd %[b], %[a], %[sum]" : [sum] "+v"(sum.raw) : [a] "v"(a.raw), [b] "v"(b.raw));
+    return sum;
+  }
+#endif
+  return hn::ReorderWidenMulAccumulate(dw, a, b, sum, odd);
+}
+
 /// Scores of int8 key rows for `Heads` query heads, the queries rounded to 16-bit integers
 /// (q16 + h · q_stride, natural order, zero padded; q ≈ q16 · q_scale[h], a rounding of 2^-16 of
 /// the largest |q|): per row and head the exact integer sum of q16 · code (pairs of products
@@ -460,8 +475,7 @@ HWY_INLINE void ScoreInt8Of(const std::byte* const* rows, const float* scales, s
       }
       for (std::size_t h = 0; h < Heads; ++h) {
         const auto qv = hn::Load(d16, q16 + h * q_stride + c * N16);
-        for (std::size_t k = 0; k < R; ++k)
-          a[h][k] = hn::ReorderWidenMulAccumulate(di, qv, x[k], a[h][k], odd[h][k]);
+        for (std::size_t k = 0; k < R; ++k) a[h][k] = MulAddPairs(di, qv, x[k], a[h][k], odd[h][k]);
       }
     }
     VF f[Heads * R];  // chain h · R + k: row k of head h
