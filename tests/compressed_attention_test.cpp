@@ -134,8 +134,9 @@ const variant variants[] = {{"turboquant 2-bit", tq<2, 2, false>},
 
 BOOST_AUTO_TEST_CASE(the_kernel_matches_a_double_reference_over_the_dequantized_rows) {
   // The kernel's own arithmetic, apart from quantization: against the rows the store reads back.
-  // int8 within its query's rounding to 16 bits (the output by about 3e-5, 0.3 % of int8's own
-  // error); TurboQuant within its keys' 7-bit score tables (a score off by at most half a table
+  // int8 within its query's rounding to 16 bits and, where V rows are summed in integers (AVX-512
+  // VNNI), its weights' (the output by about 3e-5 and 6e-5, under 1 % of int8's own error);
+  // TurboQuant within its keys' 7-bit score tables (a score off by at most half a table
   // step a coordinate; the attention output by 2-4 %).
   // kv 8: one query head a kv head (3-bit V rows of whole 128-coordinate chunks expand as such)
   for (std::size_t d : {64u, 96u, 128u, 5u, 256u})

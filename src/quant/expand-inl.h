@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -426,20 +427,165 @@ struct int8_pairs {
   static constexpr std::size_t bytes() { return 2 * hn::MaxLanes(DF()); }
 };
 
+#undef RINGKV_VNNI
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
+#define RINGKV_VNNI 1
+/// sum + a · b, the products of 16-bit lanes summed in pairs into 32-bit ones (VPDPWSSD, exact).
+/// Inline assembly: this Highway's AVX3_DL compiles for AVX-VNNI, not AVX-512 VNNI, so the
+/// intrinsic is refused (every CPU of the target has it).
+HWY_INLINE hn::Vec<DI> DotPairs(hn::Vec<DI> sum, hn::Vec<hn::Repartition<std::int16_t, DF>> a,
+                                hn::Vec<hn::Repartition<std::int16_t, DF>> b) {
+  asm("vpdpwssd %[b], %[a], %[sum]" : [sum] "+v"(sum.raw) : [a] "v"(a.raw), [b] "v"(b.raw));
+  return sum;
+}
+#endif
+
 /// sum + the products of a and b's 16-bit lanes summed in pairs (as ReorderWidenMulAccumulate,
 /// the same lanes and the same exact integers): one VPDPWSSD where the target has AVX-512 VNNI
-/// (Highway's is a multiply-add of pairs and an add). Inline assembly: this Highway's AVX3_DL
-/// compiles for AVX-VNNI, not AVX-512 VNNI, so the intrinsic is refused (the target's CPUs have it).
-template <class DW, class V16>
-HWY_INLINE hn::Vec<DW> MulAddPairs(DW dw, V16 a, V16 b, hn::Vec<DW> sum, hn::Vec<DW>& odd) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3_DL
-  if constexpr (hn::MaxLanes(DW()) == 16) {
-    asm("vpdpwssd %[b], %[a], %[sum]" : [sum] "+v"(sum.raw) : [a] "v"(a.raw), [b] "v"(b.raw));
-    return sum;
-  }
+/// (Highway's is a multiply-add of pairs and an add).
+template <class V16>
+HWY_INLINE hn::Vec<DI> MulAddPairs(DI di, V16 a, V16 b, hn::Vec<DI> sum, hn::Vec<DI>& odd) {
+#ifdef RINGKV_VNNI
+  (void)di;
+  (void)odd;
+  return DotPairs(sum, a, b);
+#else
+  return hn::ReorderWidenMulAccumulate(di, a, b, sum, odd);
 #endif
-  return hn::ReorderWidenMulAccumulate(dw, a, b, sum, odd);
 }
+
+#ifdef RINGKV_VNNI
+/// int8 V rows in 16-bit integer multiply-adds: a chunk is 32 coordinates; two rows' codes,
+/// interleaved a coordinate at a time (per 128-bit block), meet their two weights in one
+/// VPDPWSSD, vector 0 holding coordinates 8L + k (block L, k < 4), vector 1 8L + 4 + k.
+struct int8_pair_rows {
+  static constexpr std::size_t vectors = 2;
+  static constexpr std::size_t coords() { return 32; }
+  static constexpr std::size_t bytes() { return 32; }
+  static std::size_t coordinate(std::size_t e) {
+    const std::size_t r = e % 32, lane = r % 16;
+    return e - r + 8 * (lane / 4) + 4 * (r / 16) + lane % 4;
+  }
+};
+
+/// acc[h][·] ← acc[h][·] · rescale[h] + Σ_j w[h][j] · row_j over chunks [c0, c0 + Chunks) of
+/// int8 rows, the weights as 16-bit integers of `unit[h]` (w16 + h · w_stride, one past n zero): per chunk and head two 32-bit sums, exact, so their bits do not depend on how rows
+/// are paired or split into chains; Chains of them in flight for one head's few sums.
+template <std::size_t Heads, std::size_t Chunks, std::size_t Chains>
+HWY_INLINE void AccumulateInt8Slice(const std::byte* const* rows, std::size_t n,
+                                    const std::int16_t* w16, std::size_t w_stride,
+                                    const float* unit, const float* rescale, float* acc,
+                                    std::size_t padded, std::size_t c0, const row_chunks& chunks) {
+  const DF df;
+  const DI di;
+  const hn::Repartition<std::int16_t, DF> d16;
+  const hn::Rebind<std::int8_t, decltype(d16)> d8;
+  constexpr std::size_t V = 2 * Chunks;
+  hn::Vec<DI> a[Chains][Heads][V];
+  for (std::size_t k = 0; k < Chains; ++k)
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t v = 0; v < V; ++v) a[k][h][v] = hn::Zero(di);
+  for (std::size_t j = 0; j < n; j += 2 * Chains)
+    for (std::size_t k = 0; k < Chains && j + 2 * k < n; ++k) {
+      const std::size_t j0 = j + 2 * k, j1 = std::min(j0 + 1, n - 1);  // j1's weight 0 past n
+      hn::Vec<DI> wp[Heads];
+      for (std::size_t h = 0; h < Heads; ++h) {
+        std::int32_t pair;  // rows j0 and j0 + 1's weights (little-endian)
+        std::memcpy(&pair, w16 + h * w_stride + j0, sizeof(pair));
+        wp[h] = hn::Set(di, pair);
+      }
+      for (std::size_t c = 0; c < Chunks; ++c) {
+        const auto load = [&](std::size_t r) {
+          const auto* p =
+              reinterpret_cast<const std::int8_t*>(chunks.at<int8_pair_rows>(rows[r], r, c0 + c));
+          return hn::PromoteTo(d16, hn::LoadU(d8, p));
+        };
+        const auto x0 = load(j0), x1 = load(j1);
+        const auto lo = hn::InterleaveLower(d16, x0, x1), hi = hn::InterleaveUpper(d16, x0, x1);
+        for (std::size_t h = 0; h < Heads; ++h) {
+          a[k][h][2 * c] = DotPairs(a[k][h][2 * c], lo, hn::BitCast(d16, wp[h]));
+          a[k][h][2 * c + 1] = DotPairs(a[k][h][2 * c + 1], hi, hn::BitCast(d16, wp[h]));
+        }
+      }
+    }
+  for (std::size_t k = 1; k < Chains; ++k)
+    for (std::size_t h = 0; h < Heads; ++h)
+      for (std::size_t v = 0; v < V; ++v) a[0][h][v] = hn::Add(a[0][h][v], a[k][h][v]);
+  const std::size_t N = hn::Lanes(df);
+  for (std::size_t h = 0; h < Heads; ++h) {
+    const VF r = hn::Set(df, rescale[h]), u = hn::Set(df, unit[h]);
+    float* out = acc + h * padded + c0 * int8_pair_rows::coords();
+    for (std::size_t v = 0; v < V; ++v)
+      hn::StoreU(
+          hn::MulAdd(hn::ConvertTo(df, a[0][h][v]), u, hn::Mul(hn::LoadU(df, out + v * N), r)), df,
+          out + v * N);
+  }
+}
+
+/// AccumulateInt8Slice over chunks [c, chunks.count) in slices of Width chunks while they fit,
+/// then of Width / 2, …, 1.
+template <std::size_t Heads, std::size_t Width>
+HWY_INLINE void AccumulateInt8Chunks(const std::byte* const* rows, std::size_t n,
+                                     const std::int16_t* w16, std::size_t w_stride,
+                                     const float* unit, const float* rescale, float* acc,
+                                     std::size_t padded, const row_chunks& chunks, std::size_t c) {
+  constexpr std::size_t chains = 2 * Heads * Width <= 4 ? 2 : 1;  // sums in flight: 4 at least
+  for (; c + Width <= chunks.count; c += Width)
+    AccumulateInt8Slice<Heads, Width, chains>(rows, n, w16, w_stride, unit, rescale, acc, padded, c,
+                                              chunks);
+  if constexpr (Width > 1)
+    AccumulateInt8Chunks<Heads, Width / 2>(rows, n, w16, w_stride, unit, rescale, acc, padded,
+                                           chunks, c);
+}
+
+/// AccumulateRows for int8 rows in integers: per head the weights w[h · w_stride + j] rounded to
+/// 16 bits of their largest (a rounding of 2^-16 of it), then AccumulateInt8Chunks.
+template <std::size_t Heads>
+HWY_INLINE void AccumulateInt8Of(const std::byte* const* rows, std::size_t n, const float* w,
+                                 std::size_t w_stride, const float* rescale, float* acc,
+                                 std::size_t padded, const row_chunks& chunks) {
+  const DF df;
+  const hn::Rebind<std::int16_t, DF> d16;
+  const std::size_t N = hn::Lanes(df);
+  constexpr std::size_t stride = row_chunks::max_rows + hn::MaxLanes(DF());
+  HWY_ALIGN std::int16_t w16[Heads * stride];  // [heads][rows] weights / unit, 0 past n
+  float unit[Heads];
+  for (std::size_t h = 0; h < Heads; ++h) {
+    const float* wh = w + h * w_stride;  // w_stride ≥ max_rows: whole vectors are in bounds
+    VF most = hn::Zero(df);
+    for (std::size_t j = 0; j < n; j += N)
+      most =
+          hn::Max(most, hn::IfThenElseZero(hn::FirstN(df, n - j), hn::Abs(hn::LoadU(df, wh + j))));
+    const float m = hn::GetLane(hn::MaxOfLanes(df, most));
+    unit[h] = m / 32767.0f;
+    const VF inverse = hn::Set(df, m > 0 ? 32767.0f / m : 0.0f);
+    for (std::size_t j = 0; j < n; j += N) {
+      const VF v =
+          hn::IfThenElseZero(hn::FirstN(df, n - j), hn::Mul(hn::LoadU(df, wh + j), inverse));
+      hn::StoreU(hn::DemoteTo(d16, hn::NearestInt(v)), d16, w16 + h * stride + j);
+    }
+    w16[h * stride + n] = 0;  // the partner of an odd count's last row
+  }
+  constexpr std::size_t width = 8 / Heads >= 8 ? 8 : 8 / Heads >= 4 ? 4 : 2;  // 16 sums at most
+  AccumulateInt8Chunks<Heads, width>(rows, n, w16, stride, unit, rescale, acc, padded, chunks, 0);
+}
+
+/// AccumulateInt8Of for 1 to 4 heads.
+HWY_INLINE void AccumulateInt8(std::size_t heads, const std::byte* const* rows, std::size_t n,
+                               const float* w, std::size_t w_stride, const float* rescale,
+                               float* acc, std::size_t padded, const row_chunks& chunks) {
+  switch (heads) {
+    case 1:
+      return AccumulateInt8Of<1>(rows, n, w, w_stride, rescale, acc, padded, chunks);
+    case 2:
+      return AccumulateInt8Of<2>(rows, n, w, w_stride, rescale, acc, padded, chunks);
+    case 3:
+      return AccumulateInt8Of<3>(rows, n, w, w_stride, rescale, acc, padded, chunks);
+    default:
+      return AccumulateInt8Of<4>(rows, n, w, w_stride, rescale, acc, padded, chunks);
+  }
+}
+#endif
 
 /// Scores of int8 key rows for `Heads` query heads, the queries rounded to 16-bit integers
 /// (q16 + h · q_stride, natural order, zero padded; q ≈ q16 · q_scale[h], a rounding of 2^-16 of

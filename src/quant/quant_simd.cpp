@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "quant_simd.h"
 
@@ -106,9 +107,10 @@ HWY_INLINE const float* PieceRows(const code_window& w, const piece& pc, const s
   return w.runs[pc.run].scales + pc.row;
 }
 
-/// How V rows expand (expand-inl.h): int8, 2-, 3- (128 coordinates a chunk where the target has a
-/// byte permute and one query head reads whole chunks of them) or 4-bit codes.
-enum class value_kind { int8, crumb, triple, wide_triple, nibble };
+/// How V rows expand (expand-inl.h): int8 (in 16-bit integer multiply-adds where the target has
+/// AVX-512 VNNI), 2-, 3- (128 coordinates a chunk where the target has a byte permute and one
+/// query head reads whole chunks of them) or 4-bit codes.
+enum class value_kind : std::uint8_t { int8, crumb, triple, wide_triple, nibble };
 
 HWY_INLINE value_kind ValueKindOf(const codec::rows_format& f, std::size_t group) {
   if (f.int8) return value_kind::int8;
@@ -125,7 +127,11 @@ template <class F>
 HWY_INLINE auto VisitValueKind(value_kind k, F&& f) {
   switch (k) {
     case value_kind::int8:
+#ifdef RINGKV_VNNI
+      return f(int8_pair_rows());
+#else
       return f(int8_rows());
+#endif
     case value_kind::crumb:
       return f(crumb_rows());
     case value_kind::triple:
@@ -315,8 +321,15 @@ HWY_INLINE void AccumulateBlock(const compressed_problem& cp, std::size_t kv, st
   }
   w.value_chunks.copy_tails(w.rows, n);
   VisitValueKind(w.values_kind, [&](auto kind) {
-    AccumulateRows<decltype(kind)>(count, w.rows, n, w.weights, compressed_block, rescale, s.acc,
-                                   padded, w.value_chunks, w.values.levels);
+#ifdef RINGKV_VNNI
+    if constexpr (std::is_same_v<decltype(kind), int8_pair_rows>) {
+      AccumulateInt8(count, w.rows, n, w.weights, compressed_block, rescale, s.acc, padded,
+                     w.value_chunks);
+      return;
+    } else
+#endif
+      AccumulateRows<decltype(kind)>(count, w.rows, n, w.weights, compressed_block, rescale, s.acc,
+                                     padded, w.value_chunks, w.values.levels);
   });
 }
 
