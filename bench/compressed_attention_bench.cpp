@@ -11,7 +11,11 @@
 //   floor_int8  the int8 rows' floor: K and V bytes of the same window read in turn, each vector
 //             converted to f32 and multiplied into one chain per query head of the group, one
 //             vector exp per head and Lanes positions (bench/stream_read.h): the least an exact
-//             step over int8 rows does. Where it is slower than f16, so is any exact int8 step.
+//             step over int8 rows does in f32 arithmetic. Where it is slower than f16, so is any
+//             such step.
+//   read_int8  the int8 rows' bytes read and summed (as floats of the same bytes), nothing else:
+//             the least time any step over them takes on that many threads, hence the most a
+//             second thread can give a step that takes T on one (T ÷ this on 2 threads).
 // Every store of a shape gets the same tokens and the same query; the stores of the shape being
 // measured are kept between variants, so one process's repetitions can interleave them
 // (--benchmark_enable_random_interleaving=true; run one shape a process:
@@ -38,9 +42,10 @@ import ringkv;
 namespace {
 
 constexpr std::size_t q_heads = 8;
-enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, kinds };
+enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, read_int8, kinds };
 constexpr std::array<const char*, kinds> names = {"f32", "f16",    "tq4",  "tq3",
-                                                  "tq2", "tq4qjl", "int8", "floor_int8"};
+                                                  "tq2", "tq4qjl", "int8", "floor_int8",
+                                                  "read_int8"};
 
 struct shape {
   std::size_t dim, window, kv_heads;
@@ -135,21 +140,52 @@ float int8_floor(const int8_rows& rows, const shape& s, std::size_t threads) {
   return sums[0] + sums[1];
 }
 
+/// The bytes of the int8 K and V of the shape, as floats (1.0f): what read_int8 reads.
+struct read_rows {
+  std::vector<float> k, v;
+  explicit read_rows(const shape& s)
+      : k(s.kv_heads * s.window * s.dim / sizeof(float), 1.0f), v(k.size(), 1.0f) {}
+};
+
+/// Reads `rows` on 1 thread or split in two halves of K and V across the pool.
+float read_floor(const read_rows& rows, std::size_t threads) {
+  const std::size_t n = rows.k.size();
+  if (threads == 1) return ringkv_bench::stream_read_pair(rows.k.data(), rows.v.data(), n);
+  float sums[2] = {};
+  pool_of_two().parallel_for(2, [&](std::size_t t) {
+    const std::size_t from = t * n / 2;
+    sums[t] = ringkv_bench::stream_read_pair(rows.k.data() + from, rows.v.data() + from, n / 2);
+  });
+  return sums[0] + sums[1];
+}
+
+/// One cached instance of T for the shape being measured (the floors' rows).
+template <class T>
+const T& rows_for(const shape& s) {
+  static std::unique_ptr<T> cached;
+  static std::tuple<std::size_t, std::size_t, std::size_t> cached_shape{};
+  if (!cached || cached_shape != s.key()) {
+    cached.reset();
+    cached = std::make_unique<T>(s);
+    cached_shape = s.key();
+  }
+  return *cached;
+}
+
 /// The fastest repetition: on a machine shared with other work, the least disturbed one.
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) {
   if (k == floor_int8) {
-    static std::unique_ptr<int8_rows> cached;
-    static std::tuple<std::size_t, std::size_t, std::size_t> cached_shape{};
-    if (!cached || cached_shape != s.key()) {
-      cached.reset();
-      cached = std::make_unique<int8_rows>(s);
-      cached_shape = s.key();
-    }
-    const int8_rows& rows = *cached;
+    const int8_rows& rows = rows_for<int8_rows>(s);
     for (auto _ : state) benchmark::DoNotOptimize(int8_floor(rows, s, threads));
     state.counters["kv_bytes"] = double(2 * rows.k.size());
+    return;
+  }
+  if (k == read_int8) {
+    const read_rows& rows = rows_for<read_rows>(s);
+    for (auto _ : state) benchmark::DoNotOptimize(read_floor(rows, threads));
+    state.counters["kv_bytes"] = double(2 * rows.k.size() * sizeof(float));
     return;
   }
   ringkv::kv_cache_store& st = store_for(k, s);
