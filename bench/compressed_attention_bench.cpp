@@ -43,9 +43,8 @@ namespace {
 
 constexpr std::size_t q_heads = 8;
 enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, read_int8, kinds };
-constexpr std::array<const char*, kinds> names = {"f32", "f16",    "tq4",  "tq3",
-                                                  "tq2", "tq4qjl", "int8", "floor_int8",
-                                                  "read_int8"};
+constexpr std::array<const char*, kinds> names = {"f32",    "f16",  "tq4",        "tq3",      "tq2",
+                                                  "tq4qjl", "int8", "floor_int8", "read_int8"};
 
 struct shape {
   std::size_t dim, window, kv_heads;
