@@ -78,7 +78,7 @@ rows_run run_of(const View& v, std::size_t first) noexcept {
 inline constexpr std::size_t group_slots = 32;
 
 /// Bytes a TurboQuant store keeps after its value codes' last row: the kernels' loads of 3-bit
-/// rows read up to 8 bytes past a row (32 bytes for a 24-byte chunk).
+/// rows read up to 16 bytes past a row (64 bytes for a 48-byte chunk, 32 for a 24-byte one).
 inline constexpr std::size_t value_code_padding = 16;
 
 /// Units of a group of `bits`-bit codes (1, 2, 4) of `d` coordinates (a multiple of 4).

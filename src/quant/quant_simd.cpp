@@ -146,7 +146,7 @@ HWY_INLINE auto VisitValueKind(value_kind k, F&& f) {
 }
 
 /// What one chunk of query heads works with: its rotated queries and lookup tables, the
-/// segment's scores and the block weights, on the stack (about 60 KB at head_dim 256).
+/// segment's scores and the block weights, on the stack (about 76 KB at head_dim 256).
 struct chunk_work {
   HWY_ALIGN float q[max_scan_heads * max_padded];   // [heads][max_padded] scale·Π·q, zero-padded
   HWY_ALIGN float sq[max_scan_heads * max_padded];  // [heads][max_padded] QJL's S·q, scaled
