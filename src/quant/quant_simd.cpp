@@ -388,11 +388,12 @@ HWY_NOINLINE void CompressedDecodeImpl(const compressed_problem& cp, const float
       const float* state_v = vf.int8 ? nullptr : vf.rotations + kv * vf.rotation_floats;
       for (std::size_t h = 0; h < count; ++h) {
         const float* row = running + h * padded;
-        for (std::size_t e = 0; e < padded; ++e) {
-          const std::size_t i = VisitValueKind(
-              w.values_kind, [&](auto kind) { return decltype(kind)::coordinate(e); });
-          if (i < d) tmp[i] = row[e];
-        }
+        VisitValueKind(w.values_kind, [&](auto kind) {
+          for (std::size_t e = 0; e < padded; ++e) {
+            const std::size_t i = decltype(kind)::coordinate(e);
+            if (i < d) tmp[i] = row[e];
+          }
+        });
         float* o = out + (q0 + h) * d;
         if (vf.int8)
           std::copy(tmp, tmp + d, o);
