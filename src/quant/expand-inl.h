@@ -17,10 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "kernels/dot-inl.h"
 #include "kernels/rows-inl.h"
+#include "quant/scan-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
@@ -359,21 +361,6 @@ HWY_INLINE void AccumulateSlice(const std::byte* const* rows, std::size_t n, con
   }
 }
 
-/// AccumulateSlice over chunks [c, chunks.count) in `Chains` chains, in slices of Width chunks
-/// while they fit, then of Width / 2, …, 1.
-template <class Kind, std::size_t Heads, std::size_t Chains, std::size_t Width>
-HWY_INLINE void AccumulateChains(const std::byte* const* rows, std::size_t n, const float* w,
-                                 std::size_t w_stride, const float* rescale, float* acc,
-                                 std::size_t padded, const row_chunks& chunks, const float* levels,
-                                 std::size_t c) {
-  for (; c + Width <= chunks.count; c += Width)
-    AccumulateSlice<Kind, Heads, Width, Chains>(rows, n, w, w_stride, rescale, acc, padded, c,
-                                                chunks, levels);
-  if constexpr (Width > 1)
-    AccumulateChains<Kind, Heads, Chains, Width / 2>(rows, n, w, w_stride, rescale, acc, padded,
-                                                     chunks, levels, c);
-}
-
 /// The widest slice: as many chunks as keep a slice's accumulators within slice_accumulators
 /// (a power of two).
 template <class Kind, std::size_t Heads, std::size_t Chains>
@@ -383,22 +370,27 @@ constexpr std::size_t SliceChunks() {
   return width;
 }
 
-/// AccumulateChains with the row's chains.
+/// AccumulateSlice over all chunks in the row's chains, the widest slices first.
 template <class Kind, std::size_t Heads>
 HWY_INLINE void AccumulateRowsOf(const std::byte* const* rows, std::size_t n, const float* w,
                                  std::size_t w_stride, const float* rescale, float* acc,
                                  std::size_t padded, const row_chunks& chunks,
                                  const float* levels) {
+  const auto in_chains = [&](auto chains) RINGKV_INLINE_LAMBDA {
+    constexpr std::size_t C = decltype(chains)::value;
+    InSlices<SliceChunks<Kind, Heads, C>()>(
+        chunks.count, 0, [&](auto width, std::size_t c) RINGKV_INLINE_LAMBDA {
+          AccumulateSlice<Kind, Heads, decltype(width)::value, C>(rows, n, w, w_stride, rescale,
+                                                                  acc, padded, c, chunks, levels);
+        });
+  };
   switch (chunks.chains) {
     case 1:
-      return AccumulateChains<Kind, Heads, 1, SliceChunks<Kind, Heads, 1>()>(
-          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+      return in_chains(std::integral_constant<std::size_t, 1>());
     case 2:
-      return AccumulateChains<Kind, Heads, 2, SliceChunks<Kind, Heads, 2>()>(
-          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+      return in_chains(std::integral_constant<std::size_t, 2>());
     default:
-      return AccumulateChains<Kind, Heads, 4, SliceChunks<Kind, Heads, 4>()>(
-          rows, n, w, w_stride, rescale, acc, padded, chunks, levels, 0);
+      return in_chains(std::integral_constant<std::size_t, 4>());
   }
 }
 
@@ -408,16 +400,10 @@ HWY_INLINE void AccumulateRows(std::size_t heads, const std::byte* const* rows, 
                                const float* w, std::size_t w_stride, const float* rescale,
                                float* acc, std::size_t padded, const row_chunks& chunks,
                                const float* levels) {
-  switch (heads) {
-    case 1:
-      return AccumulateRowsOf<Kind, 1>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
-    case 2:
-      return AccumulateRowsOf<Kind, 2>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
-    case 3:
-      return AccumulateRowsOf<Kind, 3>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
-    default:
-      return AccumulateRowsOf<Kind, 4>(rows, n, w, w_stride, rescale, acc, padded, chunks, levels);
-  }
+  WithHeads(heads, [&](auto h) RINGKV_INLINE_LAMBDA {
+    AccumulateRowsOf<Kind, decltype(h)::value>(rows, n, w, w_stride, rescale, acc, padded, chunks,
+                                               levels);
+  });
 }
 
 /// int8 key rows as 16-bit integers: a chunk is 2N codes (one 16-bit vector), in order.
@@ -522,24 +508,8 @@ HWY_INLINE void AccumulateInt8Slice(const std::byte* const* rows, std::size_t n,
   }
 }
 
-/// AccumulateInt8Slice over chunks [c, chunks.count) in slices of Width chunks while they fit,
-/// then of Width / 2, …, 1.
-template <std::size_t Heads, std::size_t Width>
-HWY_INLINE void AccumulateInt8Chunks(const std::byte* const* rows, std::size_t n,
-                                     const std::int16_t* w16, std::size_t w_stride,
-                                     const float* unit, const float* rescale, float* acc,
-                                     std::size_t padded, const row_chunks& chunks, std::size_t c) {
-  constexpr std::size_t chains = 2 * Heads * Width <= 4 ? 2 : 1;  // sums in flight: 4 at least
-  for (; c + Width <= chunks.count; c += Width)
-    AccumulateInt8Slice<Heads, Width, chains>(rows, n, w16, w_stride, unit, rescale, acc, padded, c,
-                                              chunks);
-  if constexpr (Width > 1)
-    AccumulateInt8Chunks<Heads, Width / 2>(rows, n, w16, w_stride, unit, rescale, acc, padded,
-                                           chunks, c);
-}
-
 /// AccumulateRows for int8 rows in integers: per head the weights w[h · w_stride + j] rounded to
-/// 16 bits of their largest (a rounding of 2^-16 of it), then AccumulateInt8Chunks.
+/// 16 bits of their largest (a rounding of 2^-16 of it), then AccumulateInt8Slice over all chunks.
 template <std::size_t Heads>
 HWY_INLINE void AccumulateInt8Of(const std::byte* const* rows, std::size_t n, const float* w,
                                  std::size_t w_stride, const float* rescale, float* acc,
@@ -566,24 +536,22 @@ HWY_INLINE void AccumulateInt8Of(const std::byte* const* rows, std::size_t n, co
     }
     w16[h * stride + n] = 0;  // the partner of an odd count's last row
   }
-  constexpr std::size_t width = 8 / Heads >= 8 ? 8 : 8 / Heads >= 4 ? 4 : 2;  // 16 sums at most
-  AccumulateInt8Chunks<Heads, width>(rows, n, w16, stride, unit, rescale, acc, padded, chunks, 0);
+  constexpr std::size_t widest = 8 / Heads >= 8 ? 8 : 8 / Heads >= 4 ? 4 : 2;  // 16 sums at most
+  InSlices<widest>(chunks.count, 0, [&](auto width, std::size_t c) RINGKV_INLINE_LAMBDA {
+    constexpr std::size_t W = decltype(width)::value;
+    constexpr std::size_t chains = 2 * Heads * W <= 4 ? 2 : 1;  // sums in flight: 4 at least
+    AccumulateInt8Slice<Heads, W, chains>(rows, n, w16, stride, unit, rescale, acc, padded, c,
+                                          chunks);
+  });
 }
 
 /// AccumulateInt8Of for 1 to 4 heads.
 HWY_INLINE void AccumulateInt8(std::size_t heads, const std::byte* const* rows, std::size_t n,
                                const float* w, std::size_t w_stride, const float* rescale,
                                float* acc, std::size_t padded, const row_chunks& chunks) {
-  switch (heads) {
-    case 1:
-      return AccumulateInt8Of<1>(rows, n, w, w_stride, rescale, acc, padded, chunks);
-    case 2:
-      return AccumulateInt8Of<2>(rows, n, w, w_stride, rescale, acc, padded, chunks);
-    case 3:
-      return AccumulateInt8Of<3>(rows, n, w, w_stride, rescale, acc, padded, chunks);
-    default:
-      return AccumulateInt8Of<4>(rows, n, w, w_stride, rescale, acc, padded, chunks);
-  }
+  WithHeads(heads, [&](auto h) RINGKV_INLINE_LAMBDA {
+    AccumulateInt8Of<decltype(h)::value>(rows, n, w, w_stride, rescale, acc, padded, chunks);
+  });
 }
 #endif
 
@@ -650,16 +618,10 @@ HWY_INLINE void ScoreInt8(std::size_t heads, const std::byte* const* rows, const
                           std::size_t n, const std::int16_t* q16, std::size_t q_stride,
                           const float* q_scale, const row_chunks& chunks, float* out,
                           std::size_t out_stride) {
-  switch (heads) {
-    case 1:
-      return ScoreInt8Of<1>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
-    case 2:
-      return ScoreInt8Of<2>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
-    case 3:
-      return ScoreInt8Of<3>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
-    default:
-      return ScoreInt8Of<4>(rows, scales, n, q16, q_stride, q_scale, chunks, out, out_stride);
-  }
+  WithHeads(heads, [&](auto h) RINGKV_INLINE_LAMBDA {
+    ScoreInt8Of<decltype(h)::value>(rows, scales, n, q16, q_stride, q_scale, chunks, out,
+                                    out_stride);
+  });
 }
 
 }  // namespace ringkv::simd::HWY_NAMESPACE

@@ -186,16 +186,10 @@ HWY_INLINE void ScanGroup(const std::byte* codes, const std::byte* next, const s
   const auto* c = reinterpret_cast<const std::uint8_t*>(codes);
   const auto* n = reinterpret_cast<const std::uint8_t*>(next);
   const bool triples = t.bits == 3;
-  switch (heads) {
-    case 1:
-      return triples ? ScanTriples<1>(c, n, t, sums) : ScanNibbles<1>(c, n, t, sums);
-    case 2:
-      return triples ? ScanTriples<2>(c, n, t, sums) : ScanNibbles<2>(c, n, t, sums);
-    case 3:
-      return triples ? ScanTriples<3>(c, n, t, sums) : ScanNibbles<3>(c, n, t, sums);
-    default:
-      return triples ? ScanTriples<4>(c, n, t, sums) : ScanNibbles<4>(c, n, t, sums);
-  }
+  WithHeads(heads, [&](auto h) RINGKV_INLINE_LAMBDA {
+    constexpr std::size_t H = decltype(h)::value;
+    return triples ? ScanTriples<H>(c, n, t, sums) : ScanNibbles<H>(c, n, t, sums);
+  });
 }
 
 }  // namespace ringkv::simd::HWY_NAMESPACE
