@@ -13,9 +13,10 @@
 //             vector exp per head and Lanes positions (bench/stream_read.h): the least an exact
 //             step over int8 rows does in f32 arithmetic. Where it is slower than f16, so is any
 //             such step.
-//   read_int8  the int8 rows' bytes read and summed (as floats of the same bytes), nothing else:
-//             the least time any step over them takes on that many threads, hence the most a
-//             second thread can give a step that takes T on one (T ÷ this on 2 threads).
+//   read_int8  the int8 rows' bytes read and summed (as floats of the same bytes), nothing else,
+//             in the kernel's order (per kv head a segment's K rows, then its V rows): the least
+//             time any step over them takes on that many threads, hence the most a second thread
+//             can give a step that takes T on one (T ÷ this on 2 threads).
 // Every store of a shape gets the same tokens and the same query; the stores of the shape being
 // measured are kept between variants, so one process's repetitions can interleave them
 // (--benchmark_enable_random_interleaving=true; run one shape a process:
@@ -35,6 +36,8 @@
 #include <tuple>
 #include <vector>
 
+#include "hwy/targets.h"
+#include "quant/quant_simd.h"
 #include "stream_read.h"
 
 import ringkv;
@@ -42,7 +45,7 @@ import ringkv;
 namespace {
 
 constexpr std::size_t q_heads = 8;
-enum kind { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, read_int8, kinds };
+enum kind : std::uint8_t { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, read_int8, kinds };
 constexpr std::array<const char*, kinds> names = {"f32",    "f16",  "tq4",        "tq3",      "tq2",
                                                   "tq4qjl", "int8", "floor_int8", "read_int8"};
 
@@ -84,7 +87,7 @@ std::unique_ptr<ringkv::kv_cache_store> make(kind k, const shape& s) {
 /// tokens to each store).
 struct uniform {
   std::uint32_t x;
-  float operator()() { return (x = x * 1664525u + 1013904223u) * 0x1.0p-31f - 1.0f; }
+  float operator()() { return float(x = x * 1664525u + 1013904223u) * 0x1.0p-31f - 1.0f; }
 };
 
 /// The stores of the shape being measured, each built and filled on first use with the same
@@ -146,14 +149,27 @@ struct read_rows {
       : k(s.kv_heads * s.window * s.dim / sizeof(float), 1.0f), v(k.size(), 1.0f) {}
 };
 
-/// Reads `rows` on 1 thread or split in two halves of K and V across the pool.
-float read_floor(const read_rows& rows, std::size_t threads) {
+/// Reads [from, to) of `rows` in the kernel's order: a segment's K rows of a kv head, then its
+/// V rows (`segment` floats each).
+float read_segments(const read_rows& rows, std::size_t from, std::size_t to, std::size_t segment) {
+  float sum = 0;
+  for (std::size_t i = from; i < to; i += segment) {
+    const std::size_t n = std::min(segment, to - i);
+    sum += ringkv_bench::stream_read(rows.k.data() + i, n);
+    sum += ringkv_bench::stream_read(rows.v.data() + i, n);
+  }
+  return sum;
+}
+
+/// Reads `rows` on 1 thread or split in two halves (whole kv heads where they divide) across the
+/// pool.
+float read_floor(const read_rows& rows, const shape& s, std::size_t threads) {
   const std::size_t n = rows.k.size();
-  if (threads == 1) return ringkv_bench::stream_read_pair(rows.k.data(), rows.v.data(), n);
+  const std::size_t segment = ringkv::kernels::segment_positions * s.dim / sizeof(float);
+  if (threads == 1) return read_segments(rows, 0, n, segment);
   float sums[2] = {};
   pool_of_two().parallel_for(2, [&](std::size_t t) {
-    const std::size_t from = t * n / 2;
-    sums[t] = ringkv_bench::stream_read_pair(rows.k.data() + from, rows.v.data() + from, n / 2);
+    sums[t] = read_segments(rows, t * n / 2, (t + 1) * n / 2, segment);
   });
   return sums[0] + sums[1];
 }
@@ -171,6 +187,13 @@ const T& rows_for(const shape& s) {
   return *cached;
 }
 
+/// The target the compressed kernel dispatches to here: the best one compiled for it (which may
+/// exceed the f32 kernels', e.g. AVX3_DL) and supported by the CPU.
+std::string compressed_target() {
+  const std::int64_t usable = ringkv::simd::compressed_targets() & hwy::SupportedTargets();
+  return hwy::TargetName(usable & -usable);  // lower bits are better targets
+}
+
 /// The fastest repetition: on a machine shared with other work, the least disturbed one.
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
@@ -183,7 +206,7 @@ void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) 
   }
   if (k == read_int8) {
     const read_rows& rows = rows_for<read_rows>(s);
-    for (auto _ : state) benchmark::DoNotOptimize(read_floor(rows, threads));
+    for (auto _ : state) benchmark::DoNotOptimize(read_floor(rows, s, threads));
     state.counters["kv_bytes"] = double(2 * rows.k.size() * sizeof(float));
     return;
   }
@@ -217,7 +240,8 @@ void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) 
   }
   state.counters["bytes_per_token"] = double(st.memory().physical_bytes) / double(s.window);
   state.counters["kv_bytes"] = double(bytes);
-  state.SetLabel(std::string(ringkv::kernels::target_name()));
+  state.SetLabel(k == f32 || k == f16 ? std::string(ringkv::kernels::target_name())
+                                      : compressed_target());
 }
 
 }  // namespace
