@@ -275,19 +275,19 @@ HWY_INLINE void ScanRun(const compressed_problem& cp, const codec::rows_run& run
 /// Re-measure: python3 bench/compressed_targets.py --shapes '/32768/8' --variants '^tq'
 struct key_prefetch {
   static constexpr std::size_t max_ranges = 4 * max_runs;  // codes, scales, signs, norms a run
-  const std::uint8_t* begin[max_ranges] = {};              // the first line's start
-  const std::uint8_t* end[max_ranges] = {};
-  std::size_t ranges = 0, at = 0, share = 0;
+  const std::uint8_t* line[max_ranges] = {};               // a range's first cache line
+  std::size_t lines[max_ranges] = {};                      // and how many it takes
+  std::size_t ranges = 0, at = 0, done = 0, share = 0;
   HWY_INLINE void add(const void* first, std::size_t bytes) {
     const auto* p = static_cast<const std::uint8_t*>(first);
-    begin[ranges] = p - reinterpret_cast<std::uintptr_t>(p) % 64;
-    end[ranges] = p + bytes;
-    share += std::size_t(end[ranges] - begin[ranges] + 63) / 64;
-    ++ranges;
+    const std::size_t offset = reinterpret_cast<std::uintptr_t>(p) % 64;
+    line[ranges] = p - offset;
+    lines[ranges] = (offset + bytes + 63) / 64;
+    share += lines[ranges++];
   }
   HWY_INLINE void set(const code_window& k, std::size_t kv, std::size_t lo, std::size_t hi,
                       const chunk_work& w) {
-    ranges = at = share = 0;
+    ranges = at = done = share = 0;
     if (!k.format.grouped) return;  // int8 rows: the hardware prefetchers keep up
     for (std::size_t r = 0; r < k.run_count; ++r) {
       const codec::rows_run& run = k.runs[r];
@@ -306,13 +306,11 @@ struct key_prefetch {
   }
   /// Asks for the next share of the lines.
   HWY_INLINE void advance() {
-    std::size_t lines = share;
-    for (; at < ranges; ++at) {
-      for (; begin[at] < end[at]; begin[at] += 64) {
-        if (lines-- == 0) return;
-        Prefetch(begin[at]);
+    for (std::size_t left = share; at < ranges; ++at, done = 0)
+      for (; done < lines[at]; ++done) {
+        if (left-- == 0) return;
+        Prefetch(line[at] + 64 * done);
       }
-    }
   }
 };
 
