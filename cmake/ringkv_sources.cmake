@@ -3,6 +3,7 @@
 set(RINGKV_MODULES
   modules/ringkv.cppm
   modules/trace.cppm
+  modules/format.cppm
   modules/tensor.cppm
   modules/window.cppm
   modules/generator.cppm
@@ -16,6 +17,7 @@ set(RINGKV_MODULES
 )
 set(RINGKV_SOURCES
   src/trace/trace.cpp
+  src/format/format.cpp
   src/tensor/tensor.cpp
   src/window/window.cpp
   src/store/store.cpp
@@ -30,8 +32,8 @@ set(RINGKV_SOURCES
   src/attention/attention.cpp
   src/attention/attention_prefill.cpp
   src/attention/attention_compressed.cpp
+  src/attention/attention_layer.cpp
   src/quant/quant_simd.cpp
-  src/decode/decode.cpp
   src/quant/quant_codebook.cpp
   src/quant/quant_rotation.cpp
   src/quant/quant_window.cpp

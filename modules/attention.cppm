@@ -7,6 +7,7 @@ module;
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string_view>
 export module ringkv.attention;
@@ -26,15 +27,29 @@ struct attention_options {
   thread_pool* pool = nullptr;
 };
 
-/// Options of windowed_attention::prefill.
-struct prefill_options {
+/// One token's projections for one layer: q [q_heads * head_dim], k and v [kv_heads * head_dim].
+struct token_qkv {
+  std::span<const float> q, k, v;
+};
+
+/// Options of a layer's attention: layer_attention's prefill and steps share them, and they are
+/// decode()'s and layer_decoder's decode_options and windowed_attention::prefill's
+/// prefill_options.
+struct layer_options {
   std::size_t window = 0;             // keys a query sees, counting itself and the sinks;
                                       // 0: the store's attention_window() (capacity - slack)
   float scale = 0.0f;                 // 0: 1 / sqrt(head_dim)
   std::span<const float> sinks = {};  // learned sink logit per query head, or empty
-  scope* arena = nullptr;  // scratch for an f16/bf16 store's rounded chunk rows (and a copying
-                           // store's windows, resetting it); null: a local one per call
+  bool gather = false;          // decode steps copy each window into one run first (traced), to
+                                // compare
+  thread_pool* pool = nullptr;  // split each step across it (same bits); null: this thread.
+                                // windowed_attention::prefill uses the object's own pool
+  scope* arena = nullptr;  // scratch for copies on the kernels' path (an f16/bf16 store's rounded
+                           // chunk rows, a copying store's windows); null: a local one
 };
+
+/// Options of windowed_attention::prefill (the layer's options; .pool and .gather do not apply).
+using prefill_options = layer_options;
 
 /// Decode and prefill attention over windows. It owns one scratch: the split decode's partial
 /// states (with a pool) and the tiled prefill's tiles, grown by the first step that needs more
@@ -66,7 +81,9 @@ class windowed_attention {
   /// 1/sqrt(head_dim); `sinks` is empty or one learned sink logit per query head (it adds
   /// e^(sink − max) to the softmax denominator). The result depends only on the positions and
   /// their rows, never on how the window is split into runs or on the pool's size. Throws
-  /// std::invalid_argument (see kernels::check_decode) with `out` untouched.
+  /// std::invalid_argument (see kernels::check_decode) with `out` untouched. Code windows
+  /// (a compressed store's, windowed_kv::compressed()) are attended by compressed_kv_attention
+  /// with this object's sink and pool.
   /// O(len · q_heads · head_dim) split across the pool; no allocation once the scratch fits.
   void decode_step(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
                    std::span<float> out, float scale = 0.0f,
@@ -79,19 +96,20 @@ class windowed_attention {
   /// store's rounded once into the arena as append stores them: adapter_inserted
   /// {"round-chunk-rows"} for "keys" and "values", in bytes). Every output is computed before the
   /// chunk is appended, so a ring of capacity W takes a chunk of any length; the bits are those
-  /// of C calls of append + decode_step however a prompt is cut, and a store other than
-  /// default_kv_cache_store gets that very loop (detail::append_and_attend; a compressed one from
-  /// its codes). Checks all first (std::invalid_argument / std::out_of_range naming the argument,
-  /// cache_full for a dense store without room), `out` and the store untouched. The default
-  /// store's chunks go through kernels::prefill (tiles of queries loading each block of rows once;
-  /// split across the pool by kv head and tile, same bits), the object's scratch grown once.
+  /// of C calls of append + decode_step however a prompt is cut. Checks all first
+  /// (std::invalid_argument / std::out_of_range naming the argument, cache_full for a dense store
+  /// without room), `out` and the store untouched. A store that exposes element rows
+  /// (stored_window) gets kernels::prefill (tiles of queries loading each block of rows once;
+  /// split across the pool by kv head and tile, same bits), the object's scratch grown once; any
+  /// other store, the token-by-token loop (append, then attend: a compressed one from its codes).
   /// O(C · W · q_heads · head_dim); once warm, no allocation for f32 or with a fitting arena.
   void prefill(kv_cache_store& store, std::size_t layer, std::span<const float> queries,
                std::span<const float> keys, std::span<const float> values, std::span<float> out,
                const prefill_options& options = {}) const;
 
   /// As decode_step, after copying K and V into one contiguous run each in `arena` (two
-  /// adapter_inserted events, "keys" and "values", priced in bytes); same bits as decode_step.
+  /// adapter_inserted events, "keys" and "values", priced in bytes; code windows decoded to f32
+  /// rows); same bits as decode_step over element windows.
   /// Checks everything before copying. O(len · kv_heads · head_dim) more; allocates only if the
   /// arena must grow (traced by the arena).
   void decode_step_gathered(std::span<const float> query, const windowed_kv& keys,
@@ -142,9 +160,68 @@ class compressed_kv_attention {
   thread_pool* pool_;
 };
 
+/// One layer of a model over one store: prefill(chunk) and step(token) with one set of options
+/// (window, scale, sinks, pool, arena), the decode stream's and windowed_attention::prefill's
+/// arithmetic, so a model loop holds one object a layer. It reads whatever the store exposes
+/// (stored_window): element rows through the decode and tiled prefill kernels, codes through the
+/// compressed kernels, nothing copied; a store that exposes no rows through its copying windows.
+/// Holds the attention's scratch and an arena; the store is referenced and must outlive it.
+class layer_attention {
+ public:
+  /// Checks store, layer and options (std::out_of_range: a layer >= layers;
+  /// std::invalid_argument: head_dim past kernels::max_head_dim, keys and values of different
+  /// dtypes, a window past capacity - slack or not past keep, a bad scale) and allocates the
+  /// arena's small slab (traced); O(1).
+  layer_attention(kv_cache_store& store, std::size_t layer, layer_options options = {},
+                  trace::sink& sink = trace::null_sink());
+  /// Moves the references, scratch and arena (a model keeps one a layer in a vector); O(1).
+  layer_attention(layer_attention&&) = default;
+
+  /// Throws what step() would for `t` (sizes against the store, non-finite q, k or v, sinks
+  /// against q_heads), before anything is appended; O(row).
+  void check(const token_qkv& t) const;
+  /// Appends t.k, t.v at the layer's next position (overwriting the oldest of a full ring) and
+  /// writes the attention of t.q over its window to `out` ([q_heads * head_dim], not overlapping
+  /// t.q). Checks t and out first (then the store and `out` are untouched).
+  /// O(window * q_heads * head_dim); no heap allocation once warm (the first step sizes a pool's
+  /// scratch; a store whose windows copy, or .gather, sizes the arena for the full window then).
+  void step(const token_qkv& t, std::span<float> out);
+  /// A chunk of C tokens: windowed_attention::prefill with this object's options, scratch and
+  /// arena (same checks, same bits as C steps).
+  void prefill(std::span<const float> queries, std::span<const float> keys,
+               std::span<const float> values, std::span<float> out);
+
+  /// The store it appends to; O(1).
+  kv_cache_store& store() const noexcept { return *store_; }
+  /// The layer of the store it appends to; O(1).
+  std::size_t layer() const noexcept { return layer_; }
+  /// The effective window (options.window, or capacity - slack); O(1).
+  std::size_t window() const noexcept { return window_; }
+  /// The options it was made with; O(1).
+  const layer_options& options() const noexcept { return options_; }
+
+ protected:
+  /// As the public constructor; refusals of the checks start with `checks` and a refused step's
+  /// `out` with `step` (the names a derived form such as layer_decoder answers to).
+  layer_attention(kv_cache_store& store, std::size_t layer, layer_options options,
+                  trace::sink& sink, std::string_view checks, std::string_view step);
+
+ private:
+  std::string_view checks_, step_;  // static strings, for messages
+  kv_cache_store* store_;
+  std::size_t layer_;
+  layer_options options_;
+  std::size_t window_;
+  trace::sink* sink_;
+  windowed_attention attention_;  // its scratch: a pooled step's partial states, prefill tiles
+  scope arena_;                   // grows only for stores whose windows copy (or .gather)
+  std::size_t reserved_q_ = 0;    // query width the pool's scratch was sized for
+};
+
 }  // namespace ringkv
 
-export namespace ringkv::detail {
+// Module-internal: what the attention implementation units share.
+namespace ringkv::detail {
 
 /// Checks what a decode or prefill on `layer` of `store` needs of the store before anything is
 /// appended and returns the effective window (`requested` 0: capacity - slack). Throws, naming
@@ -156,26 +233,21 @@ std::size_t check_store(const kv_cache_store& store, std::size_t layer, std::siz
 /// First position of the rolling part of the window of the token at p (window W, keep S pinned
 /// sinks: the token sees 0 … S-1 and p-(W-S)+1 … p once p + 1 > W; before, 0 … p); O(1).
 std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noexcept;
-/// Appends one token's k and v rows to `layer` and returns {keys, values}: the window of
-/// `window` positions that token sees, as views valid until `arena` is next reset (reset here
-/// first if it holds anything; a store that cannot hand out its rows copies into it). What the
-/// decode stream and prefill over a store other than the default one do per token; O(row +
-/// runs), plus the copy for such stores.
-std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t layer,
-                                             std::span<const float> k, std::span<const float> v,
-                                             std::size_t window, scope& arena);
+/// The store's own windows [from, to) (stored_window, keys and values), when it exposes rows the
+/// attention reads as they are: element rows, or codes of head_dim up to
+/// compressed_kv_attention::max_head_dim; O(1).
+std::optional<std::array<windowed_kv, 2>> stored_windows(const kv_cache_store& store,
+                                                         std::size_t layer, std::size_t from,
+                                                         std::size_t to);
+/// Checks a step over code windows as compressed_kv_attention::decode_step does (both windows
+/// codes of the same positions and geometry; query, out, scale and sinks) and returns the
+/// resolved scale; throws std::invalid_argument naming `caller`. O(q_heads + runs).
+float check_codes(std::string_view caller, std::span<const float> query, const windowed_kv& keys,
+                  const windowed_kv& values, std::span<const float> out, float scale,
+                  std::span<const float> sinks);
 /// Bytes of arena one token's copied windows of `window` positions take at most: the K and V
 /// copies of a store whose windows copy (two runs each) and their gathered copies; O(1).
 std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noexcept;
-/// When `arena` holds a token's copied windows and could not hold them at the full `window`:
-/// resets it to window_copy_bytes, so the copies of a window still filling up do not grow it
-/// token after token. At most one traced allocation; O(1).
-void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t window);
-
-/// The compressed store whose codes a stream or prefill over `store` attends directly
-/// (compressed_kv_attention: no dequantized copy), or null: not a compressed store, gathering
-/// asked for, or head_dim past that kernel's max_head_dim. O(1).
-compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept;
 
 /// One token of a stream or prefill: its rows, its output row and the step's options.
 struct token_step {
@@ -186,20 +258,15 @@ struct token_step {
   bool gather = false;
 };
 
-/// What the decode stream and prefill over a store other than default_kv_cache_store do per
-/// token: appends t.k and t.v to `layer`, then attends t.q over the `window` positions the token
-/// sees into t.out — from the codes when `codes` (codes_of(store, t.gather), which the caller
-/// finds once for all its tokens) is not null, else through the windows `store` hands out (a
-/// store whose windows copy, or t.gather, copies into `arena`, held at the full window's size by
-/// hold_window_copies; null only with `codes`). Every check is the caller's, made before: a
-/// refusal here would come after the append. O(window · q_heads · head_dim), plus the copies.
-void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
-                       std::size_t window, const token_step& t, const windowed_attention& attention,
-                       trace::sink& sink, scope* arena);
-
-}  // namespace ringkv::detail
-
-namespace ringkv::detail {
+/// What the decode stream, and prefill over a store without element windows, do per token:
+/// appends t.k and t.v to `layer`, then attends t.q over the `window` positions the token sees
+/// into t.out — through the store's own windows (stored_windows) unless t.gather, else through
+/// its copying windows in `arena` (reset first if it holds anything; held at the full window's
+/// size after; null only where stored_windows exposes the rows and t.gather is false). Every
+/// check is the caller's, made before: a refusal here would come after the append.
+/// O(window · q_heads · head_dim), plus the copies.
+void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
+                       const token_step& t, const windowed_attention& attention, scope* arena);
 
 /// Times `work` and emits one kernel_run when the sink wants it; otherwise just runs it.
 template <class Work>

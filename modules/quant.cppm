@@ -7,6 +7,7 @@ module;
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -86,87 +87,9 @@ struct turboquant_options {
   std::uint64_t seed = 0x5eed'7b0c'1a2b'3c4dULL;
 };
 
-/// How a compressed side's rows are encoded.
-enum class compression : std::uint8_t { turboquant, int8 };
-
-/// What a kernel needs to decode one side's rows of one layer (pointers into the store).
-struct compressed_format {
-  compression kind = compression::turboquant;
-  std::size_t heads = 0;
-  std::size_t head_dim = 0;
-  unsigned bits = 0;                   // codebook bits per coordinate (8 for int8)
-  std::size_t code_bytes = 0;          // per row: ceil(head_dim · bits / 8), LSB-first bit stream
-  bool qjl = false;                    // rows carry sign bits and a residual norm
-  std::size_t sign_bytes = 0;          // per row: ceil(head_dim / 8) when qjl
-  const float* centroids = nullptr;    // 2^bits levels (turboquant)
-  const float* rotations = nullptr;    // [heads][rotation_floats] states (turboquant)
-  std::size_t rotation_floats = 0;     // head_dim (Hadamard) or head_dim² per head
-  bool hadamard = false;               // head_dim is a power of two
-  const float* projections = nullptr;  // [heads][head_dim][head_dim] S (qjl)
-  // Codes and sign bits in slot groups (TurboQuant keys: 32 slots a group, stored by coordinate
-  // for the kernel's byte-shuffle lookups; src/quant/quant_codec.h) instead of rows.
-  bool grouped = false;
-};
-
-/// One run of compressed rows: `positions` consecutive positions of every head, in slots
-/// [first_slot, first_slot + positions). The pointers are the side's buffers (head 0, slot 0):
-/// row (h, i) is slot first_slot + i of head h, index r = h·head_stride + first_slot + i; its
-/// scale (turboquant: ‖x‖, int8: absmax/127) is scales[r], with qjl its residual norm
-/// residual_norms[r]; its codes (and sign bits) are at codes + r·code_bytes (signs +
-/// r·sign_bytes), or, grouped, in the slot group r / 32 of group_bytes each.
-struct compressed_view {
-  const std::byte* codes = nullptr;
-  const float* scales = nullptr;
-  const std::byte* signs = nullptr;
-  const float* residual_norms = nullptr;
-  std::size_t positions = 0;
-  std::size_t head_stride = 0;  // slots from one head to the next
-  std::size_t first_slot = 0;
-};
-
-/// A compressed run and the absolute position of its first row.
-struct compressed_run {
-  compressed_view view;
-  std::size_t first_position = 0;
-};
-
-/// The compressed window as its runs, in position order — windowed_kv's structure over codes:
-/// pinned sinks, ring head, ring tail, each with its absolute first position. Views into the
-/// store's buffers (valid until the store changes those positions); nothing is copied.
-class compressed_window {
- public:
-  static constexpr std::size_t max_runs = windowed_kv::max_runs;
-
-  compressed_window() noexcept = default;
-  /// Up to max_runs runs (empty ones dropped); throws std::invalid_argument when there are more
-  /// or positions do not increase; O(runs).
-  compressed_window(const compressed_format& format, std::span<const compressed_run> runs);
-
-  const compressed_format& format() const noexcept { return format_; }
-  std::span<const compressed_view> runs() const noexcept { return {views_.data(), count_}; }
-  std::size_t run_first_position(std::size_t i) const;
-  const compressed_view& head() const;
-  std::size_t length() const noexcept { return length_; }
-  bool empty() const noexcept { return length_ == 0; }
-  /// Whether consecutive positions are split across runs (the ring's end falls in the window).
-  bool wrapped() const noexcept;
-  std::size_t first_position() const noexcept { return count_ ? starts_[0] : 0; }
-  std::size_t end_position() const noexcept {
-    return count_ ? starts_[count_ - 1] + views_[count_ - 1].positions : 0;
-  }
-  std::size_t heads() const noexcept { return format_.heads; }
-  std::size_t head_dim() const noexcept { return format_.head_dim; }
-  /// Decodes row (head h, position p of run i) to f32 in `out` (head_dim floats, checked);
-  /// O(head_dim log head_dim) (Hadamard) or O(head_dim²).
-  void decode(std::size_t i, std::size_t h, std::size_t p, std::span<float> out) const;
-
- private:
-  compressed_format format_{};
-  std::array<compressed_view, max_runs> views_{};
-  std::array<std::size_t, max_runs> starts_{};
-  std::size_t count_ = 0;
-  std::size_t length_ = 0;
-};
+/// The window type of compressed rows: windowed_kv, whose code windows (windowed_kv::compressed())
+/// hold compressed_view runs; the name the compressed stores' windows have always had.
+using compressed_window = windowed_kv;
 
 /// A slot store whose rows are compressed: reads decode through the same row codec the kernels
 /// use, windows are compressed_window over the store's buffers, and the defaulted scope windows
@@ -186,6 +109,10 @@ class compressed_kv_cache_store : public slotted_kv_cache_store {
                                           std::size_t to) const;
   compressed_window compressed_value_window(std::size_t layer, std::size_t from,
                                             std::size_t to) const;
+  /// The code window of `side` (compressed_key_window / compressed_value_window), through the
+  /// interface.
+  std::optional<windowed_kv> stored_window(kv_side side, std::size_t layer, std::size_t from,
+                                           std::size_t to) const final;
 
  protected:
   using slotted_kv_cache_store::slotted_kv_cache_store;

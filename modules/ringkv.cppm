@@ -1,6 +1,7 @@
 // ringkv — the umbrella module: `import ringkv;` brings every part of the library.
 export module ringkv;
 export import ringkv.trace;
+export import ringkv.format;
 export import ringkv.tensor;
 export import ringkv.window;
 export import ringkv.parallel;

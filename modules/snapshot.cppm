@@ -98,7 +98,9 @@ struct snapshot_header {
 /// held rows. A loader reads its whole section and checks the checksum (in.finish()) before it
 /// allocates the store, so a corrupt size cannot make it allocate (and zero) more than the
 /// snapshot's own bytes.
-void save_slots(snapshot_kind kind, const slotted_kv_cache_store& store, snapshot_out& out);
+/// Saving reads the store's own windows (stored_window) only, so any store exposing its rows has
+/// a snapshot; loading builds the store of the kind (a default store for element rows).
+void save_slots(snapshot_kind kind, const kv_cache_store& store, snapshot_out& out);
 std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in& in,
                                            trace::sink& sink, std::size_t max_store_bytes);
 

@@ -10,6 +10,7 @@ module;
 #include <iosfwd>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -124,6 +125,14 @@ class kv_cache_store {
   /// As key_window, for values (target "values").
   virtual windowed_kv value_window(std::size_t layer, std::size_t from, std::size_t to,
                                    scope& arena) const;
+  /// The window [from, to) plus its sinks over the store's own memory, in the format it holds
+  /// its rows (element runs, or codes with their side planes): what attention, prefill and
+  /// snapshots read, so a store that exposes its rows gets the tiled prefill, the compressed
+  /// kernels and snapshots. Refuses positions not held (std::out_of_range); O(1), nothing
+  /// copied. Default: std::nullopt (rows only through read_keys/read_values and the copying
+  /// windows above).
+  virtual std::optional<windowed_kv> stored_window(kv_side side, std::size_t layer,
+                                                   std::size_t from, std::size_t to) const;
 
   /// W: keys a query attends to, counting itself and the sinks (capacity - slack for a ring,
   /// capacity otherwise); O(1).
@@ -281,6 +290,9 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
   /// when it crosses the end of the ring, plus the pinned run; O(1), no allocation.
   windowed_kv key_window(std::size_t layer, std::size_t from, std::size_t to) const;
   windowed_kv value_window(std::size_t layer, std::size_t from, std::size_t to) const;
+  /// As key_window / value_window above, through the interface.
+  std::optional<windowed_kv> stored_window(kv_side side, std::size_t layer, std::size_t from,
+                                           std::size_t to) const override;
 
   /// The buffer of `layer`'s keys or values, e.g. to check that a window lies inside it.
   const storage& key_storage(std::size_t layer) const;

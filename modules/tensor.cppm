@@ -10,14 +10,9 @@ module;
 #include <utility>
 export module ringkv.tensor;
 export import ringkv.trace;
+export import ringkv.format;
 
 export namespace ringkv {
-
-/// Element type of a tensor. f16 and bf16 are stored as their 16-bit patterns.
-enum class dtype : std::uint8_t { f32, f16, bf16 };
-
-/// Bytes per element of `t`; O(1).
-constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
 
 /// Throws std::invalid_argument ("ringkv::<who>: <what> has a non-finite element (nan) at
 /// index i") at the first NaN or ±Inf of `values`; O(n). Keys, values and queries are refused
@@ -30,17 +25,13 @@ bool all_finite(std::span<const float> values) noexcept;
 bool all_storable(std::span<const float> values, dtype type) noexcept;
 /// Throws std::invalid_argument ("ringkv::<who>: <what>[i] = x is too large for f16 ...") at the
 /// first element of `values` (finite: require_finite first) that `type` cannot hold, one that
-/// rounds to ±Inf there: |x| >= 65520 for f16, >= 0x1.ffp127 for bf16, none for f32. O(n).
-/// An f16/bf16 store refuses such keys and values as it refuses NaN: stored as ±Inf they would
-/// turn attention's output into NaN.
+/// rounds past its largest finite value (format_traits::unstorable): |x| >= 65520 for f16,
+/// >= 0x1.ffp127 for bf16, none for f32. O(n). A store refuses such keys
+/// and values as it refuses NaN: stored as ±Inf they would turn attention's output into NaN.
 void require_storable(std::string_view who, std::string_view what, std::span<const float> values,
                       dtype type);
 /// Whether a and b share an element (empty spans share none); O(1).
 bool overlaps(std::span<const float> a, std::span<const float> b) noexcept;
-/// The dtype's name ("f32", "f16", "bf16"); O(1).
-constexpr std::string_view name_of(dtype t) noexcept {
-  return t == dtype::f32 ? "f32" : t == dtype::f16 ? "f16" : "bf16";
-}
 
 /// Move-only owning buffer, 64-byte aligned and zero-filled, that reports its life to a sink.
 /// Buffers of at least `huge_page` bytes start on a huge-page boundary and, on Linux, ask for

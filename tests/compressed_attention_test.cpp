@@ -441,3 +441,40 @@ BOOST_AUTO_TEST_CASE(bad_arguments_are_refused_and_out_is_untouched) {
                         });
   BOOST_TEST((wo == std::vector<float>(512, 7.0f)));
 }
+
+// A compressed store's windows are the one window type: windowed_attention attends them with the
+// compressed kernel's bits (its pool too), the element kernels refuse them by name, and the
+// compressed kernel refuses element rows; every refusal leaves out untouched.
+BOOST_AUTO_TEST_CASE(code_windows_are_windowed_kv_attended_by_windowed_attention_too) {
+  const store_options ring{.sliding_window = true};
+  turboquant_kv_cache_store s(shape(16, 8, 2), {.key_bits = 3, .value_bits = 4, .qjl = true}, ring);
+  ringkv::default_kv_cache_store plain(shape(16, 8, 2), ring);
+  fill({&s, &plain}, 11, 41);  // wrapped rings
+  const ringkv::windowed_kv k = *s.stored_window(ringkv::kv_side::keys, 0, 4, 11);
+  const ringkv::windowed_kv v = *s.stored_window(ringkv::kv_side::values, 0, 4, 11);
+  BOOST_TEST(k.compressed());
+  BOOST_TEST((k.family() == ringkv::kernel_family::turboquant));
+  BOOST_TEST(k.run_count() == 2u);
+  std::mt19937 rng(3);
+  const std::vector<float> q = gaussian(rng, 4 * 16);
+  std::vector<float> want(q.size()), got(q.size(), 7.0f), pooled(q.size());
+  ringkv::compressed_kv_attention().decode_step(q, k, v, want);
+  ringkv::windowed_attention().decode_step(q, k, v, got);
+  BOOST_TEST(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+  ringkv::default_thread_pool pool(2);
+  ringkv::windowed_attention(ringkv::attention_options{nullptr, &pool})
+      .decode_step(q, k, v, pooled);
+  BOOST_TEST(std::memcmp(pooled.data(), want.data(), got.size() * sizeof(float)) == 0);
+
+  std::fill(got.begin(), got.end(), 7.0f);
+  const ringkv::windowed_kv ek = plain.key_window(0, 4, 11), ev = plain.value_window(0, 4, 11);
+  BOOST_CHECK_EXCEPTION(ringkv::kernels::decode(q, k, v, got), std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"keys are turboquant codes"}); });
+  BOOST_CHECK_EXCEPTION(
+      ringkv::compressed_kv_attention().decode_step(q, ek, ev, got), std::invalid_argument,
+      [](const auto& e) { return mentions(e, {"keys are f32 and values f32", "reads codes"}); });
+  BOOST_CHECK_EXCEPTION(ringkv::windowed_attention().decode_step(q, k, ev, got),
+                        std::invalid_argument,
+                        [](const auto& e) { return mentions(e, {"values f32", "reads codes"}); });
+  BOOST_TEST((got == std::vector<float>(q.size(), 7.0f)));
+}

@@ -421,3 +421,35 @@ BOOST_AUTO_TEST_CASE(a_layer_decoder_refuses_bad_options_at_construction) {
   BOOST_CHECK_THROW(ringkv::layer_decoder(store, 0, {.scale = -1.0f}), std::invalid_argument);
   BOOST_TEST(store.length(0) == 0u);
 }
+
+// One object a layer: layer_attention's prefill of a prompt and its steps after it give the
+// decode stream's bits (with sinks, a smaller window than the ring, a pool), over the default
+// store and an int8 one (codes); the decoder and the stream are forms of it.
+BOOST_AUTO_TEST_CASE(a_layer_attentions_prefill_and_steps_give_the_decode_streams_bits) {
+  token_data data(40, 4, 2, 8, 61);
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f};
+  ringkv::default_thread_pool pool(2);
+  const ringkv::layer_options o{.window = 10, .sinks = sinks, .pool = &pool};
+  const ringkv::kv_cache_config c{.layers = 1, .kv_heads = 2, .head_dim = 8, .capacity = 12};
+  const ringkv::store_options ring_options{.sliding_window = true};
+  std::vector<std::unique_ptr<ringkv::kv_cache_store>> streamed, layered;
+  for (auto* stores : {&streamed, &layered}) {
+    stores->push_back(std::make_unique<ringkv::default_kv_cache_store>(c, ring_options));
+    stores->push_back(std::make_unique<ringkv::int8_kv_cache_store>(c, ring_options));
+  }
+  for (std::size_t s = 0; s < streamed.size(); ++s) {
+    std::vector<float> want;
+    for (std::span<const float> row : ringkv::decode(*streamed[s], 0, data.tokens, o))
+      want.insert(want.end(), row.begin(), row.end());
+    ringkv::layer_attention layer(*layered[s], 0, o);
+    BOOST_TEST(layer.window() == 10u);
+    std::vector<float> got(want.size());
+    const std::size_t chunk = 25, qw = data.q_width, kw = data.kv_width;
+    layer.prefill(std::span(data.q).first(chunk * qw), std::span(data.k).first(chunk * kw),
+                  std::span(data.v).first(chunk * kw), std::span(got).first(chunk * qw));
+    for (std::size_t i = chunk; i < data.tokens.size(); ++i)
+      layer.step(data.tokens[i], std::span(got).subspan(i * qw, qw));
+    BOOST_TEST(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    BOOST_TEST(layered[s]->length(0) == 40u);
+  }
+}

@@ -2,6 +2,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #include <range/v3/iterator/operations.hpp>
 
@@ -24,6 +26,7 @@ import ringkv;
 
 #include "store_support.hpp"
 #include "copying_store.hpp"
+#include "own_rows_store.hpp"
 
 namespace trace = ringkv::trace;
 
@@ -385,6 +388,42 @@ BOOST_AUTO_TEST_CASE(a_prefill_over_a_store_whose_windows_copy_sizes_its_arena_o
   BOOST_TEST_REQUIRE(slabs.size() == 1u);
   BOOST_TEST(slabs[0] >= 2 * 2 * 40 * head_dim * sizeof(float));
   BOOST_TEST(ranges::distance(rec.of<trace::adapter_inserted>()) == 2 * 100);
+}
+
+// A store written outside the library that exposes its rows (stored_window) gets the tiled
+// kernel: its one traced scratch, no copy of a window, and the default store's bits, on a ring
+// that wraps within a chunk and across chunks, for each element type.
+BOOST_AUTO_TEST_CASE(a_store_written_outside_the_library_gets_the_tiled_prefill_and_its_bits) {
+  const prompt p(150, 2, 31);
+  for (const ringkv::dtype type : ringkv::all_dtypes) {
+    BOOST_TEST_CONTEXT(ringkv::name_of(type)) {
+      auto reference = ring(2, 48, 0, type);
+      store_test::own_rows_store own({.layers = 1,
+                                      .kv_heads = 2,
+                                      .head_dim = head_dim,
+                                      .capacity = 48,
+                                      .key_type = type,
+                                      .value_type = type},
+                                     true);
+      trace::recorder rec(256);
+      const ringkv::windowed_attention attention(ringkv::attention_options{&rec});
+      ringkv::scope arena(64);
+      std::vector<float> got(150 * p.q_row);
+      for (const auto [from, n] : {std::pair{0, 70}, std::pair{70, 1}, std::pair{71, 79}}) {
+        arena.reset();
+        attention.prefill(own, 0, p.qs(from, n), p.ks(from, n), p.vs(from, n),
+                          std::span<float>(got).subspan(from * p.q_row, n * p.q_row),
+                          {.arena = &arena});
+      }
+      BOOST_TEST(same_bits(got, prefilled(reference, p, 0, 150)));
+      BOOST_TEST(own.length(0) == 150u);
+      std::vector<std::string> sites;
+      for (const auto& a : rec.of<trace::allocation>()) sites.emplace_back(a.site);
+      BOOST_TEST(std::count(sites.begin(), sites.end(), "prefill-scratch") == 1);
+      for (const auto& a : rec.of<trace::adapter_inserted>())
+        BOOST_TEST(a.kind == "round-chunk-rows");  // an f16/bf16 chunk's rows; never a window
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(a_prefill_after_the_first_allocates_nothing) {

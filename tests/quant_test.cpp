@@ -274,8 +274,8 @@ std::vector<float> decoded(const ringkv::compressed_window& w) {
   std::vector<float> out(w.heads() * w.length() * d);
   std::size_t at = 0;
   for (std::size_t h = 0; h < w.heads(); ++h)
-    for (std::size_t i = 0; i < w.runs().size(); ++i)
-      for (std::size_t p = 0; p < w.runs()[i].positions; ++p, at += d)
+    for (std::size_t i = 0; i < w.run_count(); ++i)
+      for (std::size_t p = 0; p < w.run_positions(i); ++p, at += d)
         w.decode(i, h, p, std::span(out).subspan(at, d));
   return out;
 }
@@ -399,7 +399,7 @@ BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_
       const auto w = window(8, 12);
       BOOST_TEST(store_test::positions_of(w) == (std::vector<std::size_t>{0, 1, 8, 9, 10, 11}),
                  boost::test_tools::per_element());
-      BOOST_TEST(w.runs().size() == 3u);
+      BOOST_TEST(w.code_runs().size() == 3u);
       BOOST_TEST(w.wrapped());
       BOOST_TEST(w.run_first_position(2) == 10u);
       BOOST_TEST(w.end_position() == 12u);
@@ -436,7 +436,8 @@ BOOST_AUTO_TEST_CASE(compressed_windows_are_the_stores_runs_and_decode_as_reads_
   std::vector<float> row(15);
   BOOST_CHECK_EXCEPTION(w.decode(0, 0, 0, row), std::out_of_range,
                         [](const auto& e) { return mentions(e, {"out of 15", "head_dim 16"}); });
-  BOOST_REQUIRE(w.runs().size() == 3u);  // pins 0, 1; then 9 and 10, 11 in two runs of the ring
+  BOOST_REQUIRE(w.code_runs().size() ==
+                3u);  // pins 0, 1; then 9 and 10, 11 in two runs of the ring
   BOOST_CHECK_EXCEPTION(
       w.decode(3, 0, 0, std::span(row.data(), 1)), std::out_of_range,
       [](const auto& e) { return mentions(e, {"run 3 of 3", "out of 1 floats"}); });

@@ -1,6 +1,8 @@
 #define BOOST_TEST_MODULE snapshot
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -13,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -21,6 +24,7 @@
 #include <string>
 #include <system_error>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +34,7 @@
 import ringkv;
 
 #include "store_support.hpp"
+#include "own_rows_store.hpp"
 
 namespace fs = std::filesystem;
 namespace trace = ringkv::trace;
@@ -91,12 +96,12 @@ bool same_window(const ringkv::windowed_kv& a, const ringkv::storage& a_buf,
 /// Whether two compressed windows are the same runs with the same codes, norms and signs.
 bool same_compressed(const ringkv::compressed_window& a, const ringkv::compressed_window& b) {
   const auto &f = a.format(), &g = b.format();
-  if (a.runs().size() != b.runs().size() || f.code_bytes != g.code_bytes || f.qjl != g.qjl ||
-      f.bits != g.bits || f.sign_bytes != g.sign_bytes || f.grouped != g.grouped)
+  if (a.code_runs().size() != b.code_runs().size() || f.code_bytes != g.code_bytes ||
+      f.qjl != g.qjl || f.bits != g.bits || f.sign_bytes != g.sign_bytes || f.grouped != g.grouped)
     return false;
   const ringkv::codec::rows_format fa = ringkv::codec::format_of(f);
-  for (std::size_t i = 0; i < a.runs().size(); ++i) {
-    const auto &x = a.runs()[i], &y = b.runs()[i];
+  for (std::size_t i = 0; i < a.code_runs().size(); ++i) {
+    const auto &x = a.code_runs()[i], &y = b.code_runs()[i];
     if (a.run_first_position(i) != b.run_first_position(i) || x.positions != y.positions ||
         x.first_slot != y.first_slot)
       return false;
@@ -553,6 +558,52 @@ BOOST_AUTO_TEST_CASE(saving_a_store_type_without_a_format_is_refused) {
         e, {"ringkv::save", "no snapshot format", "default, TurboQuant and int8 stores have"});
   });
   BOOST_TEST(out.str().empty());
+}
+
+// A store written outside the library has a snapshot for exposing its rows (stored_window): it
+// loads as a default store holding the same positions, whose windows, reads and next decode
+// outputs are the original's bit for bit, and whose own snapshot is the same bytes.
+BOOST_AUTO_TEST_CASE(a_store_written_outside_the_library_round_trips_through_a_snapshot) {
+  for (const ringkv::dtype type : ringkv::all_dtypes)
+    for (const bool ring : {false, true}) {
+      BOOST_TEST_CONTEXT(ringkv::name_of(type) << (ring ? " ring" : " dense")) {
+        const kv_cache_config c{.layers = 2,
+                                .kv_heads = 2,
+                                .head_dim = 8,
+                                .capacity = 20,
+                                .key_type = type,
+                                .value_type = type};
+        store_test::own_rows_store own(c, ring);
+        std::mt19937 rng(7);
+        std::normal_distribution<float> normal;
+        std::vector<float> k(c.row_floats()), v(c.row_floats());
+        for (std::size_t l = 0; l < c.layers; ++l)
+          for (std::size_t i = 0; i < (ring ? 33 : 5) + l; ++i) {
+            for (float& e : k) e = normal(rng);
+            for (float& e : v) e = normal(rng);
+            own.append(l, k, v);
+          }
+        const std::string bytes = to_bytes(own);
+        trace::recorder rec(64);
+        auto loaded = from_bytes(bytes, rec);
+        BOOST_TEST((loaded->config().key_type == type));
+        for (std::size_t l = 0; l < c.layers; ++l) {
+          BOOST_TEST(loaded->length(l) == own.length(l));
+          BOOST_TEST(loaded->window_start(l) == own.window_start(l));
+          const std::size_t from = own.window_start(l), to = own.length(l);
+          std::vector<float> x(c.row_floats() * (to - from)), y(x.size());
+          own.read_keys(l, from, to, x);
+          loaded->read_keys(l, from, to, y);
+          BOOST_TEST(same_floats(x, y));
+          own.read_values(l, from, to, x);
+          loaded->read_values(l, from, to, y);
+          BOOST_TEST(same_floats(x, y));
+        }
+        const std::size_t next = ring ? 30 : 10;  // a dense store keeps room for them
+        BOOST_TEST(same_floats(decode_next(own, next), decode_next(*loaded, next)));
+        BOOST_TEST(to_bytes(*loaded) == to_bytes(own));
+      }
+    }
 }
 
 /// Flips bits of each byte of `original`'s snapshot in turn (masks 0x01, 0x80, 0xff) and

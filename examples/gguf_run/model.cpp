@@ -245,17 +245,14 @@ struct runner::impl {
   const model& m;
   run_options o;
   ringkv::default_thread_pool pool;
-  ringkv::windowed_attention attention;
   std::vector<std::unique_ptr<ringkv::kv_cache_store>> stores;
-  std::vector<ringkv::layer_decoder> decoders;
-  ringkv::scope arena{64};  // an f16/bf16 store's rounded chunk rows
+  std::vector<ringkv::layer_attention> layers;  // a layer's prefill and steps over its store
   std::size_t position = 0;
   double attention_seconds = 0.0;
   std::vector<float> x, h, q, k, v, att, o_buf, gate, up;  // [n, width] activations of a chunk
 
   impl(const model& model, run_options options)
-      : m(model), o(options), pool(std::max<std::size_t>(1, options.threads)),
-        attention(ringkv::attention_options{nullptr, &pool}) {
+      : m(model), o(options), pool(std::max<std::size_t>(1, options.threads)) {
     const hyper& hp = m.hp;
     for (std::size_t l = 0; l < hp.layers; ++l) {
       const bool ring = hp.sliding[l];
@@ -276,7 +273,7 @@ struct runner::impl {
         stores.push_back(std::make_unique<ringkv::int8_kv_cache_store>(c, so));
       else
         stores.push_back(std::make_unique<ringkv::default_kv_cache_store>(c, so));
-      decoders.emplace_back(*stores.back(), 0, decode_options(l));
+      layers.emplace_back(*stores.back(), 0, layer_options(l));
     }
   }
 
@@ -286,7 +283,7 @@ struct runner::impl {
                                         : 1.0f / std::sqrt(float(m.hp.head_dim));
   }
   std::span<const float> sinks(std::size_t l) const { return m.layers[l].sinks; }
-  ringkv::decode_options decode_options(std::size_t l) {
+  ringkv::layer_options layer_options(std::size_t l) {
     return {.window = window(l), .scale = scale(), .sinks = sinks(l), .pool = &pool};
   }
   std::size_t window(std::size_t l) const { return m.hp.sliding[l] ? m.hp.window : 0; }
@@ -302,7 +299,7 @@ struct runner::impl {
     });
   }
 
-  /// Runs n tokens (n == 1 with `step`: the layer decoders) and writes their logits.
+  /// Runs n tokens (n == 1 with `step`: one decode step a layer) and writes their logits.
   void run(std::span<const std::int32_t> tokens, std::span<float> logits, bool step) {
     const hyper& hp = m.hp;
     const std::size_t n = tokens.size();
@@ -348,14 +345,10 @@ struct runner::impl {
         for (float& e : q) e *= hp.attention_scale;
       att.resize(n * qw);
       const auto start = std::chrono::steady_clock::now();
-      if (step) {
-        decoders[l].step({q, k, v}, att);
-      } else {
-        arena.reset();
-        attention.prefill(
-            *stores[l], 0, q, k, v, att,
-            {.window = window(l), .scale = scale(), .sinks = sinks(l), .arena = &arena});
-      }
+      if (step)
+        layers[l].step({q, k, v}, att);
+      else
+        layers[l].prefill(q, k, v, att);
       attention_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       matmul(w.wo, att, n, o_buf);

@@ -1,7 +1,7 @@
 // The forward passes of granite_swa and gemma3 over ringkv: every layer keeps its K/V in a
 // ringkv store (a ring of capacity = the window for sliding-window layers, a dense store for
-// global ones); a prompt goes through windowed_attention::prefill, generation through
-// ringkv::layer_decoder. The arithmetic follows llama.cpp's CPU backend where that is cheap to
+// global ones) attended by one ringkv::layer_attention: a prompt through its prefill,
+// generation through its steps. The arithmetic follows llama.cpp's CPU backend where that is cheap to
 // do (RMSNorm's double sum, RoPE's angle recurrence, the order of scales), so the logits can be
 // compared with llama.cpp's at f32 tolerance. No ringkv types here (the runner is a pimpl), so
 // the header can be included anywhere.
@@ -85,11 +85,11 @@ class runner {
   runner& operator=(const runner&) = delete;
 
   /// The next tokens.size() tokens as one chunk: each layer's attention is one
-  /// windowed_attention::prefill call. Writes the logits of every token to `logits`
+  /// ringkv::layer_attention::prefill call. Writes the logits of every token to `logits`
   /// ([tokens.size(), vocab]). Throws std::out_of_range for a token id ≥ vocab and
   /// ringkv::cache_full past max_positions, before any store changes.
   void prefill(std::span<const std::int32_t> tokens, std::span<float> logits);
-  /// One token through every layer with ringkv::layer_decoder::step; logits [vocab].
+  /// One token through every layer with ringkv::layer_attention::step; logits [vocab].
   void decode(std::int32_t token, std::span<float> logits);
 
   /// Tokens run so far.

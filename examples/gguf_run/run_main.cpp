@@ -1,6 +1,5 @@
 // gguf_run: runs a granite_swa or gemma3 GGUF model on ringkv (see model.hpp): the prompt in
-// chunks through windowed_attention::prefill, then greedy generation through
-// ringkv::layer_decoder; prints the generated ids and prefill/decode tokens per second.
+// chunks, then greedy generation, each layer through one ringkv::layer_attention; prints the generated ids and prefill/decode tokens per second.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

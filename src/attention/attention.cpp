@@ -4,6 +4,7 @@ module;
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -12,12 +13,6 @@ module ringkv.attention;
 
 namespace ringkv {
 namespace {
-
-std::size_t window_bytes(const windowed_kv& w) {
-  std::size_t bytes = 0;
-  for (const tensor_view& run : w.runs()) bytes += run.bytes();
-  return bytes;
-}
 
 /// Grows `scratch` to hold `floats` floats (one traced allocation) unless it does already.
 void fit(storage& scratch, std::size_t floats, trace::sink& sink) {
@@ -68,11 +63,14 @@ void windowed_attention::attend(std::span<const float> query, const windowed_kv&
 void windowed_attention::decode_step(std::span<const float> query, const windowed_kv& keys,
                                      const windowed_kv& values, std::span<float> out, float scale,
                                      std::span<const float> sinks) const {
+  if (keys.compressed() || values.compressed()) {
+    compressed_kv_attention({sink_, pool_}).decode_step(query, keys, values, out, scale, sinks);
+    return;
+  }
   kernels::check_decode("ringkv::windowed_attention::decode_step", query, keys, values, out, scale,
                         sinks);
   require_finite("windowed_attention::decode_step", "query", query);
-  const std::size_t read =
-      window_bytes(keys) + window_bytes(values) + query.size_bytes() + sinks.size_bytes();
+  const std::size_t read = keys.bytes() + values.bytes() + query.size_bytes() + sinks.size_bytes();
   detail::traced(*sink_, "attention.decode_step", read, out.size_bytes(),
                  [&] { attend(query, keys, values, out, scale, sinks); });
 }
@@ -81,10 +79,14 @@ void windowed_attention::decode_step_gathered(std::span<const float> query, cons
                                               const windowed_kv& values, std::span<float> out,
                                               scope& arena, float scale,
                                               std::span<const float> sinks) const {
-  kernels::check_decode("ringkv::windowed_attention::decode_step_gathered", query, keys, values,
-                        out, scale, sinks);
-  require_finite("windowed_attention::decode_step_gathered", "query", query);
-  const std::size_t copied = window_bytes(keys) + window_bytes(values);
+  constexpr std::string_view who = "ringkv::windowed_attention::decode_step_gathered";
+  if (keys.compressed() || values.compressed()) {
+    detail::check_codes(who, query, keys, values, out, scale, sinks);
+  } else {
+    kernels::check_decode(who, query, keys, values, out, scale, sinks);
+    require_finite("windowed_attention::decode_step_gathered", "query", query);
+  }
+  const std::size_t copied = keys.bytes() + values.bytes();
   // The copy is read once to gather and once by the kernel.
   detail::traced(*sink_, "attention.decode_step_gathered",
                  2 * copied + query.size_bytes() + sinks.size_bytes(), copied + out.size_bytes(),
@@ -130,14 +132,16 @@ std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noe
   return p + 1 > window ? p + 1 - (window - keep) : 0;
 }
 
-std::array<windowed_kv, 2> append_and_window(kv_cache_store& store, std::size_t layer,
-                                             std::span<const float> k, std::span<const float> v,
-                                             std::size_t window, scope& arena) {
-  const std::size_t p = store.append(layer, k, v);
-  const std::size_t from = window_from(p, window, store.options().keep);
-  if (arena.live() > 0) arena.reset();
-  return {store.key_window(layer, from, p + 1, arena),
-          store.value_window(layer, from, p + 1, arena)};
+std::optional<std::array<windowed_kv, 2>> stored_windows(const kv_cache_store& store,
+                                                         std::size_t layer, std::size_t from,
+                                                         std::size_t to) {
+  std::optional<windowed_kv> keys = store.stored_window(kv_side::keys, layer, from, to);
+  if (!keys ||
+      (keys->compressed() && store.config().head_dim > compressed_kv_attention::max_head_dim))
+    return std::nullopt;
+  std::optional<windowed_kv> values = store.stored_window(kv_side::values, layer, from, to);
+  if (!values) return std::nullopt;
+  return std::array<windowed_kv, 2>{*keys, *values};
 }
 
 std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noexcept {
@@ -147,36 +151,27 @@ std::size_t window_copy_bytes(const kv_cache_config& c, std::size_t window) noex
   return 2 * (2 * side + 3 * storage::alignment);
 }
 
-void hold_window_copies(scope& arena, const kv_cache_config& c, std::size_t window) {
-  const std::size_t full = window_copy_bytes(c, window);
-  if (arena.live() > 0 && arena.capacity() < full) arena.reset(full);
-}
-
-compressed_kv_cache_store* codes_of(kv_cache_store& store, bool gather) noexcept {
-  auto* codes = dynamic_cast<compressed_kv_cache_store*>(&store);
-  return !gather && codes != nullptr &&
-                 store.config().head_dim <= compressed_kv_attention::max_head_dim
-             ? codes
-             : nullptr;
-}
-
-void append_and_attend(kv_cache_store& store, compressed_kv_cache_store* codes, std::size_t layer,
-                       std::size_t window, const token_step& t, const windowed_attention& attention,
-                       trace::sink& sink, scope* arena) {
-  if (codes != nullptr) {
-    const std::size_t p = codes->append(layer, t.k, t.v);
-    const std::size_t from = window_from(p, window, codes->options().keep);
-    compressed_kv_attention(attention_options{&sink})
-        .decode_step(t.q, codes->compressed_key_window(layer, from, p + 1),
-                     codes->compressed_value_window(layer, from, p + 1), t.out, t.scale, t.sinks);
-    return;
+void append_and_attend(kv_cache_store& store, std::size_t layer, std::size_t window,
+                       const token_step& t, const windowed_attention& attention, scope* copies) {
+  const std::size_t p = store.append(layer, t.k, t.v);
+  const std::size_t from = window_from(p, window, store.options().keep);
+  if (!t.gather) {
+    if (const auto own = stored_windows(store, layer, from, p + 1)) {
+      attention.decode_step(t.q, (*own)[0], (*own)[1], t.out, t.scale, t.sinks);
+      return;
+    }
   }
-  const auto [keys, values] = append_and_window(store, layer, t.k, t.v, window, *arena);
+  scope& arena = *copies;
+  if (arena.live() > 0) arena.reset();
+  const windowed_kv keys = store.key_window(layer, from, p + 1, arena);
+  const windowed_kv values = store.value_window(layer, from, p + 1, arena);
   if (t.gather)
-    attention.decode_step_gathered(t.q, keys, values, t.out, *arena, t.scale, t.sinks);
+    attention.decode_step_gathered(t.q, keys, values, t.out, arena, t.scale, t.sinks);
   else
     attention.decode_step(t.q, keys, values, t.out, t.scale, t.sinks);
-  hold_window_copies(*arena, store.config(), window);
+  // Sized at once for the copies of the full window, not grown token after token as it fills.
+  const std::size_t full = window_copy_bytes(store.config(), window);
+  if (arena.capacity() < full) arena.reset(full);
 }
 
 }  // namespace ringkv::detail

@@ -19,11 +19,7 @@ namespace {
 
 static_assert(compressed_kv_attention::max_head_dim == simd::max_compressed_head_dim);
 
-constexpr std::string_view caller = "ringkv::compressed_kv_attention::decode_step";
-
-[[noreturn]] void refuse(const std::string& what) {
-  throw std::invalid_argument(std::string(caller) + ": " + what);
-}
+constexpr std::string_view step_name = "ringkv::compressed_kv_attention::decode_step";
 
 std::string str(std::size_t n) { return std::to_string(n); }
 
@@ -32,8 +28,8 @@ std::array<std::pair<std::size_t, std::size_t>, compressed_window::max_runs> int
     const compressed_window& w, std::size_t& count) {
   std::array<std::pair<std::size_t, std::size_t>, compressed_window::max_runs> out{};
   count = 0;
-  for (std::size_t i = 0; i < w.runs().size(); ++i) {
-    const std::size_t first = w.run_first_position(i), end = first + w.runs()[i].positions;
+  for (std::size_t i = 0; i < w.run_count(); ++i) {
+    const std::size_t first = w.run_first_position(i), end = first + w.run_positions(i);
     if (count > 0 && out[count - 1].second == first)
       out[count - 1].second = end;
     else
@@ -42,7 +38,15 @@ std::array<std::pair<std::size_t, std::size_t>, compressed_window::max_runs> int
   return out;
 }
 
-void check_windows(const compressed_window& keys, const compressed_window& values) {
+void check_windows(std::string_view caller, const compressed_window& keys,
+                   const compressed_window& values) {
+  const auto refuse = [caller](const std::string& what) {
+    throw std::invalid_argument(std::string(caller) + ": " + what);
+  };
+  if (!keys.compressed() || !values.compressed())
+    refuse(std::string("keys are ") + std::string(traits_of(keys.encoding()).name) +
+           " and values " + std::string(traits_of(values.encoding()).name) +
+           "; this step reads codes (int8, turboquant) on both sides");
   if (keys.empty() || values.empty())
     refuse("the window is empty (keys hold " + str(keys.length()) + " positions, values " +
            str(values.length()) + "; a decode step attends at least one position)");
@@ -71,18 +75,10 @@ void check_windows(const compressed_window& keys, const compressed_window& value
 simd::code_window code_window_of(const compressed_window& w) {
   simd::code_window out;
   out.format = codec::format_of(w.format());
-  for (std::size_t i = 0; i < w.runs().size(); ++i)
-    out.runs[i] = codec::run_of(w.runs()[i], w.run_first_position(i));
-  out.run_count = w.runs().size();
+  for (std::size_t i = 0; i < w.code_runs().size(); ++i)
+    out.runs[i] = codec::run_of(w.code_runs()[i], w.run_first_position(i));
+  out.run_count = w.code_runs().size();
   return out;
-}
-
-// Bytes of one side's codes, scales and sketches for the window (what the kernel streams).
-std::size_t window_bytes(const compressed_window& w) {
-  const compressed_format& f = w.format();
-  const std::size_t per_row =
-      f.code_bytes + sizeof(float) + (f.qjl ? f.sign_bytes + sizeof(float) : 0);
-  return w.length() * w.heads() * per_row;
 }
 
 // How many tasks a step is split into: one a thread, each an even share of the query heads
@@ -108,10 +104,7 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
                                           const compressed_window& keys,
                                           const compressed_window& values, std::span<float> out,
                                           float scale, std::span<const float> sinks) const {
-  check_windows(keys, values);
-  const float resolved =
-      kernels::check_step(caller, query, keys.heads(), keys.head_dim(), out, scale, sinks);
-  require_finite("compressed_kv_attention::decode_step", "query", query);
+  const float resolved = detail::check_codes(step_name, query, keys, values, out, scale, sinks);
   simd::compressed_problem p;
   p.query = query.data();
   p.keys = code_window_of(keys);
@@ -124,8 +117,7 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
   const float* s = sinks.empty() ? nullptr : sinks.data();
   const std::size_t n = tasks(p, pool_);
   detail::traced(*sink_, "attention.compressed_decode_step",
-                 window_bytes(keys) + window_bytes(values) + query.size_bytes(), out.size_bytes(),
-                 [&] {
+                 keys.bytes() + values.bytes() + query.size_bytes(), out.size_bytes(), [&] {
                    if (n == 1) return simd::compressed_decode(p, s, out.data());
                    pool_->parallel_for(n, [&](std::size_t t) {
                      simd::compressed_problem share = p;
@@ -137,3 +129,18 @@ void compressed_kv_attention::decode_step(std::span<const float> query,
 }
 
 }  // namespace ringkv
+
+namespace ringkv::detail {
+
+float check_codes(std::string_view caller, std::span<const float> query, const windowed_kv& keys,
+                  const windowed_kv& values, std::span<const float> out, float scale,
+                  std::span<const float> sinks) {
+  check_windows(caller, keys, values);
+  const float resolved =
+      kernels::check_step(caller, query, keys.heads(), keys.head_dim(), out, scale, sinks);
+  // require_finite adds the "ringkv::" of caller itself.
+  require_finite(caller.substr(std::string_view("ringkv::").size()), "query", query);
+  return resolved;
+}
+
+}  // namespace ringkv::detail

@@ -13,7 +13,6 @@ module;
 #include <string>
 #include <string_view>
 
-#include "tensor/half.hpp"
 module ringkv.attention;
 
 namespace ringkv {
@@ -79,7 +78,7 @@ chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
 }
 
 /// The chunk's rows as the store holds them: the caller's f32 rows in place, or rounded once
-/// to the store's f16/bf16 in `arena` (a copy on the kernels' path: adapter_inserted
+/// to the store's element type in `arena` (a copy on the kernels' path: adapter_inserted
 /// {"round-chunk-rows", target, bytes} to `sink`). [kv_heads, tokens, head_dim], positions from
 /// `first`.
 template <class Arena>
@@ -90,7 +89,7 @@ tensor_view chunk_view(std::span<const float> rows, dtype type, const kv_cache_c
     return tensor_view(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(rows.data())),
                        dtype::f32, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
   const tensor_view v = arena().allocate_view(type, tokens, c.kv_heads, c.head_dim);
-  detail::f32_to_halves(v.data(), rows.data(), rows.size(), type == dtype::f16);
+  traits_of(type).encode(v.data(), rows.data(), rows.size());
   if (sink.enabled()) sink.emit(trace::adapter_inserted{"round-chunk-rows", target, v.bytes()});
   // allocate_view lays rows out [tokens][kv_heads][head_dim]: read it as [kv_heads][tokens].
   return tensor_view(v.data(), type, c.kv_heads, tokens, c.head_dim, c.head_dim, c.row_floats());
@@ -125,18 +124,13 @@ windowed_kv token_window(const windowed_kv& held, const tensor_view& chunk, std:
   return windowed_kv(std::span<const kv_run>(runs.data(), n));
 }
 
-/// The store's part of the first token's window (every later token sees a subset of it).
-std::array<windowed_kv, 2> held_windows(const default_kv_cache_store& store, std::size_t layer,
-                                        std::size_t window) {
+/// The store's part of the first token's window (every later token sees a subset of it; with
+/// a window of keep + 1, only the sinks) as the store exposes it (detail::stored_windows).
+std::optional<std::array<windowed_kv, 2>> held_windows(const kv_cache_store& store,
+                                                       std::size_t layer, std::size_t window) {
   const std::size_t length = store.length(layer), keep = store.options().keep;
-  const std::size_t from = detail::window_from(length, window, keep);
-  if (from < length)
-    return {store.key_window(layer, from, length), store.value_window(layer, from, length)};
-  if (length > 0 && keep > 0) {
-    const std::size_t to = std::min(keep, length);
-    return {store.key_window(layer, 0, to), store.value_window(layer, 0, to)};
-  }
-  return {};
+  const std::size_t from = std::min(detail::window_from(length, window, keep), length);
+  return detail::stored_windows(store, layer, from, length);
 }
 
 }  // namespace
@@ -153,25 +147,23 @@ void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
   };
   const std::size_t length = store.length(layer), keep = store.options().keep;
   const kv_cache_config c = store.config();
-  const auto* fast = dynamic_cast<const default_kv_cache_store*>(&store);
+  const auto stored = held_windows(store, layer, s.window);
   const std::size_t read = queries.size_bytes() + keys.size_bytes() + values.size_bytes();
   detail::traced(*sink_, "attention.prefill", read, out.size_bytes(), [&] {
-    if (fast == nullptr) {
-      // A store whose rows may change on the way in (compressed) or out: the decode stream's
-      // own loop, token by token; a store whose windows copy gets an arena sized at once for
-      // the copies of the full window, not grown as it fills.
-      compressed_kv_cache_store* codes = detail::codes_of(store, false);  // then no arena
-      if (!options.arena && !codes) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
+    if (!stored || (*stored)[0].family() != kernel_family::elements) {
+      // Codes, or rows the store does not expose: the decode stream's own loop, token by token;
+      // a store whose windows copy gets an arena sized at once for the full window's copies.
+      if (!stored && !options.arena) local.emplace(detail::window_copy_bytes(c, s.window), *sink_);
       for (std::size_t i = 0; i < s.tokens; ++i)
         detail::append_and_attend(
-            store, codes, layer, s.window,
+            store, layer, s.window,
             {queries.subspan(i * s.q_row, s.q_row), keys.subspan(i * s.kv_row, s.kv_row),
              values.subspan(i * s.kv_row, s.kv_row), out.subspan(i * s.q_row, s.q_row), s.scale,
              options.sinks},
-            *this, *sink_, codes ? nullptr : &arena());
+            *this, stored ? nullptr : &arena());
       return;
     }
-    const auto [held_k, held_v] = held_windows(*fast, layer, s.window);
+    const auto& [held_k, held_v] = *stored;
     const tensor_view chunk_k = chunk_view(keys, c.key_type, c, s.tokens, arena, *sink_, "keys");
     const tensor_view chunk_v =
         chunk_view(values, c.value_type, c, s.tokens, arena, *sink_, "values");

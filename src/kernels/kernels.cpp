@@ -47,8 +47,8 @@ struct intervals {
 
 intervals positions_of(const windowed_kv& w) {
   intervals out;
-  for (std::size_t i = 0; i < w.runs().size(); ++i) {
-    const std::size_t first = w.run_first_position(i), end = first + w.runs()[i].positions();
+  for (std::size_t i = 0; i < w.run_count(); ++i) {
+    const std::size_t first = w.run_first_position(i), end = first + w.run_positions(i);
     if (out.count > 0 && out.at[out.count - 1].second == first)
       out.at[out.count - 1].second = end;
     else
@@ -66,6 +66,11 @@ std::string describe(const intervals& iv) {
 
 /// Keys and values describe the same positions with the same geometry and dtype.
 void check_windows(std::string_view caller, const windowed_kv& keys, const windowed_kv& values) {
+  for (const auto& [name, w] : {std::pair{"keys", &keys}, std::pair{"values", &values}})
+    if (w->family() != kernel_family::elements)
+      refuse(caller, std::string(name) + " are " + std::string(traits_of(w->encoding()).name) +
+                         " codes; these kernels read element rows (f32, f16, bf16): "
+                         "compressed_kv_attention (or windowed_attention) attends codes");
   if (keys.length() != values.length())
     refuse(caller, "keys hold " + str(keys.length()) + " positions but values hold " +
                        str(values.length()));
@@ -111,11 +116,22 @@ std::size_t check_state(std::string_view caller, std::string_view name, const so
   return heads == 0 ? 0 : s.acc.size() / heads;
 }
 
+/// The kernels' element type of `t` (the element family's row loader, rows-inl.h).
+simd::element element_of(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32:
+      return simd::element::f32;
+    case dtype::f16:
+      return simd::element::f16;
+    case dtype::bf16:
+      return simd::element::bf16;
+  }
+  return simd::element::f32;  // unreachable: every dtype has its case
+}
+
 simd::window window_of(const windowed_kv& w) {
   simd::window out;
-  out.type = w.type() == dtype::f32   ? simd::element::f32
-             : w.type() == dtype::f16 ? simd::element::f16
-                                      : simd::element::bf16;
+  out.type = element_of(w.type());
   for (std::size_t i = 0; i < w.runs().size(); ++i) {
     const tensor_view& v = w.runs()[i];
     out.runs[i] = {v.data(), v.head_stride() * v.element_bytes(),

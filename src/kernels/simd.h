@@ -115,7 +115,7 @@ inline constexpr std::size_t max_head_dim = 2048;
 /// from the L3), or spaced out by a per-row walk (rows from memory).
 enum class prefetch_walk : std::uint8_t { none, dense, spaced };
 
-/// Element type of K/V rows (f16/bf16 are promoted to f32 in registers; f32 accumulation).
+/// Element type of K/V rows (f16 and bf16 are promoted to f32 in registers; f32 accumulation).
 enum class element : std::uint8_t { f32, f16, bf16 };
 
 /// Window positions [first, first + count), rows of every head. Strides are in bytes.
@@ -167,7 +167,16 @@ struct problem {
 };
 
 /// Bytes of one element of a row of type `type`; O(1).
-inline std::size_t element_bytes(element type) { return type == element::f32 ? 4 : 2; }
+inline std::size_t element_bytes(element type) {
+  switch (type) {
+    case element::f32:
+      return 4;
+    case element::f16:
+    case element::bf16:
+      return 2;
+  }
+  return 4;  // unreachable: every element type has its case
+}
 
 /// Bytes of one K or V row of `p` (one head, one position); O(1).
 inline std::size_t row_bytes(const problem& p) { return p.head_dim * element_bytes(p.keys.type); }

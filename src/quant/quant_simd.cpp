@@ -136,13 +136,16 @@ HWY_INLINE auto VisitValueKind(value_kind k, F&& f) {
       return f(crumb_rows());
     case value_kind::triple:
       return f(triple_rows());
+    case value_kind::wide_triple:  // chosen only where the byte permute exists
 #ifdef RINGKV_BYTE_PERMUTE
-    case value_kind::wide_triple:
       return f(wide_triple_rows());
+#else
+      return f(triple_rows());
 #endif
-    default:
-      return f(nibble_rows());
+    case value_kind::nibble:
+      break;
   }
+  return f(nibble_rows());
 }
 
 /// What one chunk of query heads works with: its rotated queries and lookup tables, the

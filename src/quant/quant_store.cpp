@@ -2,6 +2,7 @@
 // compressed windows with the row codec, windows refuse positions not held.
 module;
 #include <cstddef>
+#include <optional>
 #include <span>
 module ringkv.quant;
 
@@ -26,6 +27,12 @@ compressed_window compressed_kv_cache_store::compressed_value_window(std::size_t
                                                                      std::size_t from,
                                                                      std::size_t to) const {
   return window(kv_side::values, layer, from, to);
+}
+
+std::optional<windowed_kv> compressed_kv_cache_store::stored_window(kv_side side, std::size_t layer,
+                                                                    std::size_t from,
+                                                                    std::size_t to) const {
+  return window(side, layer, from, to);
 }
 
 void compressed_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,

@@ -104,7 +104,8 @@ compressed_format turboquant_kv_cache_store::format(kv_side side,
                            rotation_floats(d),
                            rotation_floats(d) == d,
                            qjl ? s.projections.as<float>().data() : nullptr,
-                           keys};
+                           keys,
+                           quant_.seed};
 }
 
 void turboquant_kv_cache_store::encode(kv_side side, std::size_t layer, std::size_t slot,

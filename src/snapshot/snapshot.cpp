@@ -5,7 +5,7 @@
 //    0  magic "\x89RKV\r\n\x1a\n" (a text-mode transfer or a truncation to 7 bits shows)
 //    8  u32 format version        12  u32 store kind (snapshot_kind)
 //   16  u64 layers, kv_heads, head_dim, capacity
-//   48  u8 key_type, value_type (dtype), u8 sliding_window (0/1), u8 reserved (0)
+//   48  u8 key_type, value_type (their format_traits::snapshot_tag), u8 sliding_window (0/1), u8 reserved (0)
 //   52  u64 keep, slack
 //   68  the kind's section: its parameters (TurboQuant: u32 key_bits, u32 value_bits, u8 qjl,
 //       u64 seed; the default and int8 stores have none), per layer u64 length and u64
@@ -21,6 +21,7 @@ module;
 #include <istream>
 #include <memory>
 #include <new>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <stdexcept>
@@ -192,8 +193,8 @@ void write_header(snapshot_kind kind, const kv_cache_config& c, const store_opti
   out.u32(snapshot_version);
   out.u32(std::uint32_t(kind));
   for (std::size_t v : {c.layers, c.kv_heads, c.head_dim, c.capacity}) out.u64(v);
-  out.u8(std::uint8_t(c.key_type));
-  out.u8(std::uint8_t(c.value_type));
+  out.u8(traits_of(c.key_type).snapshot_tag);
+  out.u8(traits_of(c.value_type).snapshot_tag);
   out.u8(o.sliding_window ? 1 : 0);
   out.u8(0);
   out.u64(o.keep);
@@ -213,11 +214,15 @@ std::size_t read_size(snapshot_in& in, const char* name, std::uint64_t lo, std::
 dtype read_dtype(snapshot_in& in, const char* name) {
   const std::uint64_t at = in.offset();
   const std::uint8_t v = in.u8();
-  if (v > std::uint8_t(dtype::bf16))
-    in.fail(std::string("config out of range: ") + name + " " + str(v) +
-                " is not a dtype (0 f32, 1 f16, 2 bf16)",
-            at);
-  return dtype(v);
+  std::string known;
+  for (const dtype t : all_dtypes) {
+    if (traits_of(t).snapshot_tag == v) return t;
+    known += std::string(known.empty() ? "" : ", ") + str(traits_of(t).snapshot_tag) + " " +
+             std::string(name_of(t));
+  }
+  in.fail(std::string("config out of range: ") + name + " " + str(v) + " is not a dtype (" + known +
+              ")",
+          at);
 }
 
 snapshot_header read_header(snapshot_in& in) {
@@ -293,21 +298,25 @@ layer_counters read_counters(const snapshot_header& h, snapshot_in& in) {
   return c;
 }
 
+// A code window's tag is its store kind (the format table's snapshot_tag).
+static_assert(traits_of(kv_encoding::int8).snapshot_tag == std::uint32_t(snapshot_kind::int8));
+static_assert(traits_of(kv_encoding::turboquant).snapshot_tag ==
+              std::uint32_t(snapshot_kind::turboquant));
+
 void save_snapshot(const kv_cache_store& store, std::ostream& out) {
-  snapshot_kind kind;
-  if (dynamic_cast<const default_kv_cache_store*>(&store))
-    kind = snapshot_kind::default_store;
-  else if (dynamic_cast<const turboquant_kv_cache_store*>(&store))
-    kind = snapshot_kind::turboquant;
-  else if (dynamic_cast<const int8_kv_cache_store*>(&store))
-    kind = snapshot_kind::int8;
-  else
+  // The rows as the store exposes them say what the snapshot holds: element rows are the
+  // default store's kind, codes their own.
+  const std::optional<windowed_kv> rows = store.stored_window(kv_side::keys, 0, 0, 0);
+  if (!rows)
     throw std::invalid_argument(
-        "ringkv::save: this store type has no snapshot format (the "
-        "default, TurboQuant and int8 stores have)");
+        "ringkv::save: this store has no snapshot format: it exposes no rows "
+        "(kv_cache_store::stored_window; the default, TurboQuant and int8 stores have)");
+  const snapshot_kind kind = rows->compressed()
+                                 ? snapshot_kind(traits_of(rows->encoding()).snapshot_tag)
+                                 : snapshot_kind::default_store;
   snapshot_out s(out);
   write_header(kind, store.config(), store.options(), s);
-  save_slots(kind, dynamic_cast<const slotted_kv_cache_store&>(store), s);
+  save_slots(kind, store, s);
   s.finish();
 }
 

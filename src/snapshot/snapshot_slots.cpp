@@ -1,4 +1,5 @@
-// The snapshot section of every slot store. A store's rows live in *planes*, buffers laid out
+// The snapshot section of every slot store, saved from the rows a store exposes (stored_window)
+// and loaded into the store of the snapshot's kind. A store's rows live in *planes*, buffers laid out
 // [kv_heads][head stride] rows of a fixed byte size: the default store has keys and values (raw
 // f32/f16/bf16 elements: nothing is rounded twice); TurboQuant has key codes, key norms, (with
 // QJL) key sign bits and residual norms, value codes and value norms, its key codes and sign
@@ -13,6 +14,7 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -33,15 +35,21 @@ struct snapshot_access<slotted_kv_cache_store> {
 };
 /// One plane of a store as the snapshot sees it: a buffer laid out [kv_heads][head_stride].
 struct plane_ref {
-  storage* buffer = nullptr;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;  // of the buffer (0: not known, a plane saved from a window)
   std::size_t head_stride = 0;
 };
+
+/// The plane of a store's buffer.
+plane_ref plane_of(storage& buffer, std::size_t head_stride) {
+  return {buffer.data(), buffer.bytes(), head_stride};
+}
 
 template <>
 struct snapshot_access<default_kv_cache_store> {
   static std::vector<plane_ref> planes(default_kv_cache_store& s, std::size_t l) {
     const std::size_t slots = s.config().capacity;
-    return {{&s.layers_[l].keys, slots}, {&s.layers_[l].values, slots}};
+    return {plane_of(s.layers_[l].keys, slots), plane_of(s.layers_[l].values, slots)};
   }
 };
 template <>
@@ -50,12 +58,11 @@ struct snapshot_access<turboquant_kv_cache_store> {
     auto& x = s.layers_[l];
     const std::size_t slots = codec::group_capacity(s.config().capacity);
     if (!s.quant_.qjl)
-      return {{&x.keys.codes, slots},
-              {&x.keys.scales, slots},
-              {&x.values.codes, slots},
-              {&x.values.scales, slots}};
-    return {{&x.keys.codes, slots},          {&x.keys.scales, slots},  {&x.keys.signs, slots},
-            {&x.keys.residual_norms, slots}, {&x.values.codes, slots}, {&x.values.scales, slots}};
+      return {plane_of(x.keys.codes, slots), plane_of(x.keys.scales, slots),
+              plane_of(x.values.codes, slots), plane_of(x.values.scales, slots)};
+    return {plane_of(x.keys.codes, slots),   plane_of(x.keys.scales, slots),
+            plane_of(x.keys.signs, slots),   plane_of(x.keys.residual_norms, slots),
+            plane_of(x.values.codes, slots), plane_of(x.values.scales, slots)};
   }
 };
 template <>
@@ -63,10 +70,8 @@ struct snapshot_access<int8_kv_cache_store> {
   static std::vector<plane_ref> planes(int8_kv_cache_store& s, std::size_t l) {
     auto& x = s.layers_[l];
     const std::size_t slots = s.config().capacity;
-    return {{&x.keys.codes, slots},
-            {&x.keys.scales, slots},
-            {&x.values.codes, slots},
-            {&x.values.scales, slots}};
+    return {plane_of(x.keys.codes, slots), plane_of(x.keys.scales, slots),
+            plane_of(x.values.codes, slots), plane_of(x.values.scales, slots)};
   }
 };
 
@@ -108,20 +113,6 @@ std::vector<plane_spec> layout(snapshot_kind kind, const kv_cache_config& c,
   return {};
 }
 
-std::vector<plane_ref> planes_of(snapshot_kind kind, kv_cache_store& s, std::size_t l) {
-  switch (kind) {
-    case snapshot_kind::default_store:
-      return snapshot_access<default_kv_cache_store>::planes(
-          dynamic_cast<default_kv_cache_store&>(s), l);
-    case snapshot_kind::turboquant:
-      return snapshot_access<turboquant_kv_cache_store>::planes(
-          dynamic_cast<turboquant_kv_cache_store&>(s), l);
-    case snapshot_kind::int8:
-      return snapshot_access<int8_kv_cache_store>::planes(dynamic_cast<int8_kv_cache_store&>(s), l);
-  }
-  return {};
-}
-
 struct slot_span {
   std::size_t slot = 0, count = 0;
 };
@@ -137,7 +128,7 @@ std::size_t plane_bytes(const plane_ref& p, const plane_spec& spec, std::size_t 
 /// The group of a grouped plane holding slot `slot` of head h.
 std::byte* group_at(const plane_ref& p, const plane_spec& spec, std::size_t d, std::size_t h,
                     std::size_t slot) {
-  return p.buffer->data() +
+  return p.data +
          (h * p.head_stride + slot) / codec::group_slots * codec::group_bytes(d, spec.grouped_bits);
 }
 
@@ -145,7 +136,7 @@ std::byte* group_at(const plane_ref& p, const plane_spec& spec, std::size_t d, s
 void save_rows(const plane_ref& p, const plane_spec& spec, std::size_t d, std::size_t h,
                const slot_span& r, snapshot_out& out) {
   if (!spec.grouped_bits) {
-    out.elements(p.buffer->data() + (h * p.head_stride + r.slot) * spec.row_bytes,
+    out.elements(p.data + (h * p.head_stride + r.slot) * spec.row_bytes,
                  r.count * spec.row_bytes / spec.element, spec.element);
     return;
   }
@@ -166,8 +157,8 @@ std::size_t load_rows(const plane_ref& p, const plane_spec& spec, std::size_t d,
                       const slot_span& r, const std::byte* from) {
   const std::size_t n = r.count * spec.row_bytes;
   if (!spec.grouped_bits) {
-    copy_elements(p.buffer->data() + (h * p.head_stride + r.slot) * spec.row_bytes, from,
-                  n / spec.element, spec.element);
+    copy_elements(p.data + (h * p.head_stride + r.slot) * spec.row_bytes, from, n / spec.element,
+                  spec.element);
     return n;
   }
   std::vector<std::uint8_t> codes(d);
@@ -244,26 +235,79 @@ turboquant_options read_turboquant(snapshot_in& in) {
   return t;
 }
 
-std::unique_ptr<kv_cache_store> make_store(snapshot_kind kind, const snapshot_header& h,
-                                           const turboquant_options& t, trace::sink& sink) {
-  switch (kind) {
-    case snapshot_kind::default_store:
-      return std::make_unique<default_kv_cache_store>(h.config, h.options, sink);
-    case snapshot_kind::turboquant:
-      return std::make_unique<turboquant_kv_cache_store>(h.config, t, h.options, sink);
-    case snapshot_kind::int8:
-      return std::make_unique<int8_kv_cache_store>(h.config, h.options, sink);
+/// The planes of a code window of one side (codes, scales, with QJL signs and residual norms),
+/// over the store's buffers (a code window's runs all point at them: head 0, slot 0).
+std::vector<plane_ref> code_planes(const windowed_kv& w) {
+  if (w.code_runs().empty()) return {};
+  const compressed_view& v = w.code_runs()[0];
+  // The kernels' and the snapshot's pointers are read-only; plane_ref serves load too.
+  const auto at = [](const void* p) {
+    return const_cast<std::byte*>(static_cast<const std::byte*>(p));
+  };
+  std::vector<plane_ref> out = {{at(v.codes), 0, v.head_stride}, {at(v.scales), 0, v.head_stride}};
+  if (w.format().qjl) {
+    out.push_back({at(v.signs), 0, v.head_stride});
+    out.push_back({at(v.residual_norms), 0, v.head_stride});
   }
-  return nullptr;
+  return out;
+}
+
+/// The slot spans of a code window's runs, in position order.
+std::vector<slot_span> code_spans(const windowed_kv& w) {
+  std::vector<slot_span> out;
+  for (const compressed_view& v : w.code_runs()) out.push_back({v.first_slot, v.positions});
+  return out;
+}
+
+/// Writes head h of an element window's rows in position order (elements of `size` bytes).
+void save_elements(const windowed_kv& w, std::size_t h, snapshot_out& out) {
+  const std::size_t size = size_of(w.type());
+  for (const tensor_view& run : w.runs())
+    for (std::size_t p = 0; p < run.positions(); ++p)
+      out.elements(run.row_bytes(h, p), run.head_dim(), size);
+}
+
+/// TurboQuant's parameters as a store's key and value code windows carry them.
+turboquant_options turboquant_of(const windowed_kv& keys, const windowed_kv& values) {
+  const compressed_format &k = keys.format(), &v = values.format();
+  return turboquant_options{k.qjl ? k.bits + 1 : k.bits, v.bits, k.qjl, k.seed};
+}
+
+/// Fills a new store of the snapshot's kind with the counters and rows read (`data`).
+template <class Store>
+std::unique_ptr<kv_cache_store> restore(std::unique_ptr<Store> store, const snapshot_header& h,
+                                        const std::vector<plane_spec>& specs,
+                                        const std::vector<layer_counters>& counters,
+                                        const std::byte* next) {
+  const kv_cache_config& c = h.config;
+  for (std::size_t l = 0; l < c.layers; ++l)
+    snapshot_access<slotted_kv_cache_store>::set(*store, l, counters[l]);
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    const std::vector<plane_ref> planes = snapshot_access<Store>::planes(*store, l);
+    const std::vector<slot_span> runs = held_runs(*store, l);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      // At least the rows (TurboQuant's value codes keep a few bytes more after them).
+      if (planes[i].bytes < plane_bytes(planes[i], specs[i], c.kv_heads, c.head_dim))
+        throw std::logic_error("ringkv::load: snapshot plane layout disagrees with the store's");
+      for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
+        for (const slot_span& r : runs)
+          next += load_rows(planes[i], specs[i], c.head_dim, hd, r, next);
+    }
+  }
+  return store;
 }
 
 }  // namespace
 
-void save_slots(snapshot_kind kind, const slotted_kv_cache_store& s, snapshot_out& out) {
+void save_slots(snapshot_kind kind, const kv_cache_store& s, snapshot_out& out) {
   const kv_cache_config c = s.config();
+  // Every layer's rows: the held positions [0, keep) ∪ [window_start, length), as exposed.
+  const auto side = [&](kv_side which, std::size_t l) {
+    return *s.stored_window(which, l, s.window_start(l), s.length(l));
+  };
   turboquant_options t;
   if (kind == snapshot_kind::turboquant) {
-    t = dynamic_cast<const turboquant_kv_cache_store&>(s).quant_options();
+    t = turboquant_of(side(kv_side::keys, 0), side(kv_side::values, 0));
     out.u32(t.key_bits);
     out.u32(t.value_bits);
     out.u8(t.qjl ? 1 : 0);
@@ -274,14 +318,21 @@ void save_slots(snapshot_kind kind, const slotted_kv_cache_store& s, snapshot_ou
     out.u64(s.window_start(l));
   }
   const std::vector<plane_spec> specs = layout(kind, c, t);
-  auto& writable =
-      const_cast<slotted_kv_cache_store&>(s);  // planes_of only hands out buffers to read
   for (std::size_t l = 0; l < c.layers; ++l) {
-    const std::vector<plane_ref> planes = planes_of(kind, writable, l);
-    const std::vector<slot_span> runs = held_runs(s, l);
+    const windowed_kv keys = side(kv_side::keys, l), values = side(kv_side::values, l);
+    if (kind == snapshot_kind::default_store) {
+      for (const windowed_kv* w : {&keys, &values})
+        for (std::size_t h = 0; h < c.kv_heads; ++h) save_elements(*w, h, out);
+      continue;
+    }
+    std::vector<plane_ref> planes = code_planes(keys);
+    const std::size_t key_planes = planes.size();
+    for (const plane_ref& p : code_planes(values)) planes.push_back(p);
+    const std::vector<slot_span> key_runs = code_spans(keys), value_runs = code_spans(values);
     for (std::size_t i = 0; i < specs.size(); ++i)
       for (std::size_t h = 0; h < c.kv_heads; ++h)
-        for (const slot_span& r : runs) save_rows(planes[i], specs[i], c.head_dim, h, r, out);
+        for (const slot_span& r : i < key_planes ? key_runs : value_runs)
+          save_rows(planes[i], specs[i], c.head_dim, h, r, out);
   }
 }
 
@@ -311,24 +362,18 @@ std::unique_ptr<kv_cache_store> load_slots(const snapshot_header& h, snapshot_in
   const std::vector<std::byte> data = in.block(data_bytes);
   in.finish();  // checked before the store is allocated: nothing is built from a corrupt file
 
-  std::unique_ptr<kv_cache_store> store = make_store(h.kind, h, t, sink);
-  auto& slots = dynamic_cast<slotted_kv_cache_store&>(*store);
-  for (std::size_t l = 0; l < c.layers; ++l)
-    snapshot_access<slotted_kv_cache_store>::set(slots, l, counters[l]);
-  const std::byte* next = data.data();
-  for (std::size_t l = 0; l < c.layers; ++l) {
-    const std::vector<plane_ref> planes = planes_of(h.kind, *store, l);
-    const std::vector<slot_span> runs = held_runs(slots, l);
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      // At least the rows (TurboQuant's value codes keep a few bytes more after them).
-      if (planes[i].buffer->bytes() < plane_bytes(planes[i], specs[i], c.kv_heads, c.head_dim))
-        throw std::logic_error("ringkv::load: snapshot plane layout disagrees with the store's");
-      for (std::size_t hd = 0; hd < c.kv_heads; ++hd)
-        for (const slot_span& r : runs)
-          next += load_rows(planes[i], specs[i], c.head_dim, hd, r, next);
-    }
+  switch (h.kind) {
+    case snapshot_kind::default_store:
+      return restore(std::make_unique<default_kv_cache_store>(c, h.options, sink), h, specs,
+                     counters, data.data());
+    case snapshot_kind::turboquant:
+      return restore(std::make_unique<turboquant_kv_cache_store>(c, t, h.options, sink), h, specs,
+                     counters, data.data());
+    case snapshot_kind::int8:
+      return restore(std::make_unique<int8_kv_cache_store>(c, h.options, sink), h, specs, counters,
+                     data.data());
   }
-  return store;
+  return nullptr;  // unreachable: read_header accepts only these kinds
 }
 
 }  // namespace ringkv::detail

@@ -4,6 +4,7 @@ module;
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,11 @@ windowed_kv kv_cache_store::key_window(std::size_t layer, std::size_t from, std:
 windowed_kv kv_cache_store::value_window(std::size_t layer, std::size_t from, std::size_t to,
                                          scope& arena) const {
   return copied_window(kv_side::values, layer, from, to, arena);
+}
+
+std::optional<windowed_kv> kv_cache_store::stored_window(kv_side, std::size_t, std::size_t,
+                                                         std::size_t) const {
+  return std::nullopt;
 }
 
 windowed_kv kv_cache_store::copied_window(kv_side side, std::size_t layer, std::size_t from,

@@ -7,38 +7,15 @@ module;
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
-#include "tensor/half.hpp"
 module ringkv.store;
 
 namespace ringkv {
-namespace {
-void store_elements(std::byte* dst, const float* src, std::size_t n, dtype type) noexcept {
-  if (type == dtype::f32) {
-    std::memmove(dst, src, n * sizeof(float));  // the caller may pass a row of this very slot
-    return;
-  }
-  detail::f32_to_halves(dst, src, n, type == dtype::f16);
-}
-
-void load_elements(float* dst, const std::byte* src, std::size_t n, dtype type) noexcept {
-  if (type == dtype::f32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  const bool half = type == dtype::f16;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint16_t bits;
-    std::memcpy(&bits, src + 2 * i, 2);
-    dst[i] = half ? detail::f16_to_f32(bits) : detail::bf16_to_f32(bits);
-  }
-}
-}  // namespace
-
 default_kv_cache_store::default_kv_cache_store(kv_cache_config config, store_options options,
                                                trace::sink& sink)
     : slotted_kv_cache_store(config, options, "default_kv_cache_store", sink) {
@@ -65,12 +42,12 @@ std::size_t default_kv_cache_store::append(std::size_t layer, std::span<const fl
   const std::size_t slot = prepare_append(layer, key, value);
   const kv_cache_config& c = config();
   const std::size_t d = c.head_dim, head_stride = c.capacity * d;
-  const std::size_t kb = size_of(c.key_type), vb = size_of(c.value_type);
+  const format_traits kt = traits_of(c.key_type), vt = traits_of(c.value_type);
   layer_buffers& s = layers_[layer];
   for (std::size_t h = 0; h < c.kv_heads; ++h) {
     const std::size_t at = h * head_stride + slot * d;
-    store_elements(s.keys.data() + at * kb, key.data() + h * d, d, c.key_type);
-    store_elements(s.values.data() + at * vb, value.data() + h * d, d, c.value_type);
+    kt.encode(s.keys.data() + at * kt.element_bytes, key.data() + h * d, d);
+    vt.encode(s.values.data() + at * vt.element_bytes, value.data() + h * d, d);
   }
   return commit_append(layer);
 }
@@ -126,6 +103,12 @@ windowed_kv default_kv_cache_store::value_window(std::size_t layer, std::size_t 
   return window(kv_side::values, layer, from, to);
 }
 
+std::optional<windowed_kv> default_kv_cache_store::stored_window(kv_side side, std::size_t layer,
+                                                                 std::size_t from,
+                                                                 std::size_t to) const {
+  return window(side, layer, from, to);
+}
+
 void default_kv_cache_store::read(kv_side side, const char* who, std::size_t layer,
                                   std::size_t from, std::size_t to, std::span<float> out) const {
   const slot_runs slots = read_slots(who, layer, from, to, out);
@@ -133,10 +116,11 @@ void default_kv_cache_store::read(kv_side side, const char* who, std::size_t lay
   const dtype type = keys ? config().key_type : config().value_type;
   const storage& buffer = keys ? layers_[layer].keys : layers_[layer].values;
   const std::size_t d = config().head_dim, count = to - from;
+  const codecs::decoder decode = traits_of(type).decode;
   for (std::size_t h = 0; h < config().kv_heads; ++h) {
     float* dst = out.data() + h * count * d;
     for (const slot_run& r : slots.view()) {
-      load_elements(dst, view_of(buffer, type, r).row_bytes(h, 0), r.count * d, type);
+      decode(dst, view_of(buffer, type, r).row_bytes(h, 0), r.count * d);
       dst += r.count * d;
     }
   }

@@ -64,33 +64,23 @@ void require_finite(std::string_view who, std::string_view what, std::span<const
              "; NaN and Inf are refused");
 }
 
-namespace {
-/// The smallest magnitude that rounds (to nearest even) to infinity in `type`: its largest
-/// finite value plus half an ulp, a tie that goes up since that value's last mantissa bit is 1.
-float overflow_limit(dtype type) noexcept {
-  return type == dtype::f16    ? 65520.0f
-         : type == dtype::bf16 ? 0x1.ffp127f
-                               : std::numeric_limits<float>::infinity();
-}
-}  // namespace
-
 bool all_storable(std::span<const float> values, dtype type) noexcept {
-  if (type == dtype::f32) return true;
+  const float limit = traits_of(type).unstorable;
+  if (limit == std::numeric_limits<float>::infinity()) return true;
   float largest = 0.0f;  // one pass without a branch per element
   for (const float x : values) largest = std::max(largest, std::fabs(x));
-  return largest < overflow_limit(type);
+  return largest < limit;
 }
 
 void require_storable(std::string_view who, std::string_view what, std::span<const float> values,
                       dtype type) {
   if (all_storable(values, type)) return;  // the index is searched only on failure
-  const float limit = overflow_limit(type);
+  const format_traits t = traits_of(type);
   for (std::size_t i = 0; i < values.size(); ++i)
-    if (std::fabs(values[i]) >= limit)
+    if (std::fabs(values[i]) >= t.unstorable)
       refuse(std::string(who) + ": " + std::string(what) + "[" + std::to_string(i) +
-             "] = " + std::to_string(values[i]) + " is too large for " +
-             std::string(name_of(type)) + " (largest finite " +
-             (type == dtype::f16 ? "65504" : "3.39e38") + "; it would round to inf)");
+             "] = " + std::to_string(values[i]) + " is too large for " + std::string(t.name) +
+             " (largest finite " + std::string(t.largest) + "; it would round past it)");
 }
 
 storage::storage(std::size_t bytes, std::string_view site, trace::sink& sink)

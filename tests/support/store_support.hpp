@@ -49,21 +49,11 @@ class rows {
   std::vector<float> key, value;
 };
 
-/// The absolute positions a window's runs cover, in run order.
+/// The absolute positions a window's runs cover (element or code runs), in run order.
 inline std::vector<std::size_t> positions_of(const ringkv::windowed_kv& w) {
   std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < w.runs().size(); ++i)
-    for (std::size_t p = 0; p < w.runs()[i].positions(); ++p)
-      out.push_back(w.run_first_position(i) + p);
-  return out;
-}
-
-/// The absolute positions a compressed window's runs cover, in run order.
-inline std::vector<std::size_t> positions_of(const ringkv::compressed_window& w) {
-  std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < w.runs().size(); ++i)
-    for (std::size_t p = 0; p < w.runs()[i].positions; ++p)
-      out.push_back(w.run_first_position(i) + p);
+  for (std::size_t i = 0; i < w.run_count(); ++i)
+    for (std::size_t p = 0; p < w.run_positions(i); ++p) out.push_back(w.run_first_position(i) + p);
   return out;
 }
 

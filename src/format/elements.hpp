@@ -1,5 +1,5 @@
-// f32 <-> f16 / bf16 conversions for the stores, rounding to nearest even. Internal: included in
-// the global module fragment of implementation units only.
+// f32 <-> f16 / bf16 conversions of one element, rounding to nearest even: the
+// format table's element codecs (format.cpp). Internal: included by that implementation unit only.
 #pragma once
 #include <bit>
 #include <cstddef>
@@ -51,15 +51,6 @@ inline std::uint16_t f32_to_bf16(float f) noexcept {
 /// bfloat16 bits -> f32 (exact).
 inline float bf16_to_f32(std::uint16_t b) noexcept {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
-
-/// n floats as f16 (`f16`) or bf16 bits at dst (any alignment), each rounded once to nearest
-/// even: what a store writes, so a prefill's chunk rows match the stored ones bit for bit.
-inline void f32_to_halves(std::byte* dst, const float* src, std::size_t n, bool f16) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t bits = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
-    std::memcpy(dst + 2 * i, &bits, 2);
-  }
 }
 
 }  // namespace ringkv::detail
