@@ -22,10 +22,11 @@ export namespace ringkv::kernels {
 
 /// The online softmax's largest block. A step's blocks are absolute positions [Bk, Bk + B): B is
 /// 32 when one kv head's K and V rows take at most 1 MiB (4 MiB when query heads share them),
-/// else 16; on a machine whose L3 holds 128 MiB or more, or whose L2 holds 2 MiB a core, 64
-/// wherever the window holds at least 256 positions. So it depends on the window, head_dim,
-/// element type and GQA group (and the machine), never on the number of heads or threads; every
-/// B divides block_positions.
+/// else 16; on a machine whose L3 holds 128 MiB or more, or whose L2 holds more than 512 KiB, 64
+/// wherever the window holds at least 256 positions (but 32 on the latter for a GQA step of more
+/// than 16 MiB a kv head whose block of 64 would take more than 32 KiB; docs/design.md §3.4). So
+/// it depends on the window, head_dim, element type and GQA group (and the machine), never on the
+/// number of heads or threads; every B divides block_positions.
 inline constexpr std::size_t block_positions = 64;
 /// decode()'s unit of partial states: absolute positions [1024k, 1024k + 1024).
 inline constexpr std::size_t segment_positions = 1024;

@@ -104,8 +104,8 @@ class tensor_view {
   }
 
   // `inline` on purpose: in a named module a member defined in its class is not implicitly
-  // inline, and clang called these across the module boundary: with windowed_kv's, ~5 % of a
-  // D 64 / W 16 step on the 2 MiB-L2 Xeon (attention_bench, RINGKV_BENCH_WINDOWS=16, pair).
+  // inline, and clang calls these across the module boundary, a visible part of a short-window
+  // step. Re-measure: RINGKV_BENCH_WINDOWS=16 build/release/bench/attention_bench
   inline std::byte* data() const noexcept { return data_; }
   inline dtype type() const noexcept { return type_; }
   inline std::size_t heads() const noexcept { return heads_; }

@@ -1,8 +1,8 @@
 // The cache sizes this_cache_kind() reads: Linux's sysfs first, glibc's sysconf where sysfs is
 // silent. Why not sysconf alone: on a Zen 4 EPYC vCPU glibc 2.36 reports the L3 as 320 MiB where
-// sysfs (the kernel's reading of CPUID leaf 0x8000001D) says 32 MiB, so the machine passed for a
-// large_l3 Xeon and read 32 MiB windows from memory without prefetch (3x the roof; re-measured
-// by scripts/bench-targets --shapes '/32768/').
+// sysfs (the kernel's reading of CPUID leaf 0x8000001D) says 32 MiB, which would plan that machine
+// as large_l3 and read windows past its L3 without prefetch.
+// Re-measure: scripts/bench-targets --shapes '/32768/'
 #include <charconv>
 #include <cstddef>
 #include <fstream>

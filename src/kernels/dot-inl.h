@@ -270,10 +270,9 @@ HWY_INLINE void ScoreRowsOf(DF d, const float* HWY_RESTRICT q, const std::byte* 
 }
 
 // head_dims the f32 score tiles are compiled for as constants besides the general case, so their
-// loops over head_dim unroll; the arithmetic is the same either way. Xeon: 0.90-0.92x the time
-// of the general loop (f16 rows: as often slower as faster). ScoreRows and ScoreHeads each write
-// the choice out: a generic dispatcher taking the call as a lambda was not inlined (1.05-1.13x
-// at W 256). Re-measure: scripts/bench-targets --shapes '/256/|/4096/2'
+// loops over head_dim unroll; the arithmetic is the same either way (f16 rows gain nothing so).
+// ScoreRows and ScoreHeads each write the choice out: a generic dispatcher taking the call as a
+// lambda is not inlined. Re-measure: scripts/bench-targets --shapes '/256/|/4096/2'
 inline constexpr std::size_t unrolled_dims[] = {64, 128};
 
 /// ScoreRowsOf, with head_dim a constant for f32 rows where it is one of unrolled_dims.

@@ -92,8 +92,8 @@ HWY_INLINE VF PromoteF16(DF d, hn::Vec<DU16> bits) {
 }
 
 // On targets that emulate vectors (EMU128, SCALAR) a half row's load stays out of line: inlined
-// into every tile it makes EMU128 alone compile over 5x as long (over 6 min against 65 s), and
-// those targets are fallbacks.
+// into every tile it makes EMU128 alone compile several times as long, and those targets are
+// fallbacks.
 #undef RINGKV_HALF_LOAD
 #if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
 #define RINGKV_HALF_LOAD HWY_NOINLINE
@@ -164,8 +164,7 @@ HWY_INLINE void OuterStep2x4(VF x, VF z, VF y0, VF y1, VF y2, VF y3, VF& a0, VF&
 
 // Where the target has 32 vector registers (x86's 512-bit targets), tiles of four query heads
 // × four vectors: sixteen chains in flight, and each K or V vector loaded once for four heads
-// (AVX2's 16 registers hold the pairs' eight chains, not sixteen). Zen 5, GQA 4 (with the folded
-// sums of dot-inl.h): 0.75-0.92x the time of pairs.
+// (AVX2's 16 registers hold the pairs' eight chains, not sixteen).
 // Re-measure: scripts/bench-targets --shapes '/2$'
 #undef RINGKV_WIDE_TILES
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -192,25 +191,24 @@ HWY_INLINE std::size_t TakeWideGroups(std::size_t& heads) {
 #endif
 }
 
-/// Asks for the cache line at `address` with prefetcht0, the hint every prefetch here uses: the
-/// Zen 3 measured t0/t1/t2/nta alike; on the Zen 4 t1 is dropped at times, and t0 took 0.80-1.02x
-/// t1's time (15 of 16 f32 cells below 1). Re-measure: scripts/bench-targets.
+/// Asks for the cache line at `address` with prefetcht0, the hint every prefetch here uses: some
+/// cores drop t1 requests at times, and no other hint reads faster.
+/// Re-measure: scripts/bench-targets
 HWY_INLINE void PrefetchLine(std::uintptr_t address) {
   // NOLINTNEXTLINE(performance-no-int-to-ptr): line_feed walks addresses as integers.
   __builtin_prefetch(reinterpret_cast<const void*>(address), 0, 3);
 }
 
 /// Cache lines to prefetch a few at a time, between the tiles of a block: a burst of a block's
-/// worth of prefetches stalls on the L1's miss buffers (up to 15 % of a step's samples), a
-/// trickle keeps them busy without stalling. step() works on copies in registers: walking the
-/// members kept them in memory, a store-forward a line (0.85x the time in registers, W 256).
+/// worth of prefetches stalls on the L1's miss buffers, a trickle keeps them busy without
+/// stalling. step() works on copies in registers: walking the members would keep them in
+/// memory, a store-forward a line.
 /// Two walks (prefetch_walk). Dense: the rows merged into contiguous byte ranges (a block's rows
 /// of one kv head are one or two), their lines asked for back to back, four per turn: a fifth of
 /// the spaced walk's instructions a line, which counts when rows come from the L3 and the step is
 /// compute-bound. Spaced: row by row, one line per turn with its row pointer reloaded; those ~2
 /// cycles a line space the lines out when they come from memory, where lines asked for back to
-/// back wait on the miss buffers and hold up the tiles' loads. Zen 3, D 128 / W 4096: dense 0.86x
-/// the time of spaced at kv 2 (8 MiB), 1.29x at kv 8.
+/// back wait on the miss buffers and hold up the tiles' loads.
 /// Re-measure: scripts/bench-targets --shapes 128/4096
 struct line_feed {
   std::size_t per_step = 0;  // lines a step() asks for; 0 until started

@@ -20,14 +20,12 @@ namespace ringkv::simd {
 inline constexpr std::size_t block_positions = 16;
 // Blocks of a step whose kv head's K and V take at most cached_head_bytes (cached_shared_head_bytes
 // when query heads share them; one head's bytes, so no head's bits depend on the others): half
-// the softmax steps and folds. Zen 3: 0.89-0.91x the time of blocks of 16 (W 256, D 64 / W 4096 /
-// kv 2). Re-measure: scripts/bench-targets --shapes '/256/|^64/4096/2'
+// the softmax steps and folds. Re-measure: scripts/bench-targets --shapes '/256/|^64/4096/2'
 inline constexpr std::size_t cached_block_positions = 32;
 // Blocks, on a large_l3 or large_l2 machine (take_wide_blocks), of a step whose window holds at
-// least wide_block_min_positions, whatever its bytes (a head's bits depend only on the window).
-// Xeon: 0.83-0.98x the time of blocks of 32 (1.03-1.10x at W 64), 0.67-1.02x that of 16 past the
-// cached bytes. Not small_l2: 64 D 128 rows of K and V overfill the Zen 3's 32 KiB L1.
-// Re-measure: scripts/bench-targets --shapes '/256/|/32768/'
+// least wide_block_min_positions, whatever its bytes (a head's bits depend only on the window):
+// a quarter of the softmax steps and folds of blocks of 16. Not small_l2: 64 D 128 rows of K and
+// V overfill a 32 KiB L1. Re-measure: scripts/bench-targets --shapes '/256/|/32768/'
 inline constexpr std::size_t wide_block_positions = 64;
 inline constexpr std::size_t wide_block_min_positions = 256;
 inline constexpr std::size_t max_block_positions = wide_block_positions;
@@ -37,25 +35,26 @@ inline constexpr std::size_t segment_positions = 1024;
 inline constexpr std::size_t max_runs = 4;  // as windowed_kv::max_runs
 // Decode prefetches K/V rows itself only when a thread reads more than prefetch_min_bytes of
 // them: below, rows are likely cached, where the hardware prefetchers keep up and software ones
-// only cost issue slots. Behind a larger L2 (Zen 5) they keep up with rows from the L3 too: 12 MiB
-// took 0.65-0.72x the time of 8 MiB at 8 MiB a thread.
+// only cost issue slots. Behind an L2 of more than small_l2_bytes they keep up with rows from the
+// L3 too, hence the larger threshold there.
 // Re-measure: scripts/bench-targets --shapes '^128/4096/2|^64/4096/8'
 inline constexpr std::size_t small_l2_prefetch_min_bytes = std::size_t(8) << 20;
 inline constexpr std::size_t large_l2_prefetch_min_bytes = std::size_t(12) << 20;
+// A machine whose L2 holds more than small_l2_bytes is large_l2 (unless its L3 makes it large_l3).
 inline constexpr std::size_t small_l2_bytes = std::size_t(512) << 10;
-// A machine whose L3 holds at least large_l3_bytes (a Xeon: 2 MiB L2 a core, a shared L3 of
-// hundreds of MiB) plans from the whole step's bytes, since where rows come from depends on what
-// all threads read together, and its hardware prefetchers keep up with rows from the L3: no
-// software prefetch up to large_l3_prefetch_min_bytes, no pipelined reads up to
-// large_l3_pipelined_min_bytes (plan_reads_large_l3).
+// A machine whose L3 holds at least large_l3_bytes (a shared L3 of hundreds of MiB, whatever its
+// L2) plans from the whole step's bytes, since where rows come from depends on what all threads
+// read together, and its hardware prefetchers keep up with rows from the L3: no software prefetch
+// up to large_l3_prefetch_min_bytes, no pipelined reads up to large_l3_pipelined_min_bytes
+// (plan_reads_large_l3).
 inline constexpr std::size_t large_l3_bytes = std::size_t(128) << 20;
 inline constexpr std::size_t large_l3_prefetch_min_bytes = std::size_t(48) << 20;
 inline constexpr std::size_t large_l3_pipelined_min_bytes = std::size_t(96) << 20;
 
 // On a large_l2 machine, a GQA step whose kv head's K and V exceed wide_shared_head_max_bytes
 // (rows from memory) keeps cached_block_positions where a block of 64 would exceed
-// wide_shared_block_max_bytes (the L1 of the Zen 3 and Zen 4). Zen 4: 0.76-0.84x the time of
-// blocks of 64. Re-measure: scripts/bench-targets --shapes 128/32768/2
+// wide_shared_block_max_bytes (a 32 KiB L1, which such a block's K and V rows overfill).
+// Re-measure: scripts/bench-targets --shapes 128/32768/2
 inline constexpr std::size_t wide_shared_head_max_bytes = std::size_t(16) << 20;
 inline constexpr std::size_t wide_shared_block_max_bytes = std::size_t(32) << 10;
 
@@ -85,8 +84,7 @@ inline std::size_t prefetch_min_bytes(cache_kind k) {
 inline constexpr std::size_t dense_prefetch_max_bytes = std::size_t(16) << 20;
 // ... and whose block of one kv head's K and V rows takes at most this (half the L1): the dense
 // walk asks for this block's V rows while its scores are computed and the next block's K rows
-// while its V rows are summed, so larger blocks overfill the L1. Zen 3, blocks of 32 KiB: the
-// dense walk took 1.02-1.16x the time of none.
+// while its V rows are summed, so larger blocks overfill the L1.
 // Re-measure: scripts/bench-targets --shapes 128/4096/2
 inline constexpr std::size_t dense_prefetch_block_bytes = std::size_t(16) << 10;
 // A step with one query head per kv head (GQA 1) takes this many kv heads side by side (see
@@ -97,13 +95,12 @@ inline constexpr std::size_t side_by_side_heads = 4;
 inline constexpr std::size_t side_by_side_l1_bytes = std::size_t(32) << 10;
 // With one query head per kv head, f32 rows of at least this many bytes and at least
 // prefetch_min_bytes a thread (rows from the L3 or memory), a chunk reads its rows pipelined
-// (PipelineBlocks) instead of in blocks with software prefetch. Zen 3, D 128 / W 32768 / kv 8:
-// 0.75-0.87x the time of blocks; level at D 64, 1.2-1.9x for f16 rows (see
-// half_pipelined_min_bytes). Re-measure: scripts/bench-targets --shapes 32768/8
+// (PipelineBlocks) instead of in blocks with software prefetch: two steady streams the hardware
+// prefetchers follow (f16/bf16 rows: half_pipelined_min_bytes).
+// Re-measure: scripts/bench-targets --shapes 32768/8
 inline constexpr std::size_t pipelined_min_row_bytes = 512;
 // ... and f32 rows of at least this many bytes (D 64) once a thread reads more than
-// dense_prefetch_max_bytes (rows mostly from memory). Zen 5, D 64 / kv 8 from 32 MiB a thread:
-// 0.63-0.73x the time of blocks (level on the Zen 3, and at 16 MiB a thread).
+// dense_prefetch_max_bytes (rows mostly from memory, where the two streams pay for shorter rows).
 // Re-measure: scripts/bench-targets --shapes ^64/32768/8
 inline constexpr std::size_t pipelined_min_short_row_bytes = 256;
 // The kernels work on a stack scratch of this many floats: per query head of a chunk, its
@@ -201,9 +198,8 @@ inline prefetch_walk prefetch_walk_for(const problem& p, std::size_t per_thread,
 
 // On a large_l2 machine, a step with one query head per kv head (GQA 1) prefetches only once a
 // thread reads more than dense_prefetch_max_bytes: up to that its rows are in the L3 (32 MiB),
-// where the spaced walk costs more issue slots than it saves. Zen 4: no prefetch took 0.65-0.85x
-// the time of the spaced walk at 12-16 MiB, level past it (not so on the Zen 3: small_l2).
-// Re-measure: scripts/bench-targets --shapes ^64/4096/8
+// where the spaced walk costs more issue slots than it saves (a small_l2 machine's prefetchers do
+// not keep up there). Re-measure: scripts/bench-targets --shapes ^64/4096/8
 /// The least bytes a thread reads (exclusive) before a step with one query head per kv head
 /// prefetches on a machine of kind `k`: dense_prefetch_max_bytes on a large_l2 one (above),
 /// else prefetch_min_bytes; O(1).
@@ -234,8 +230,8 @@ inline bool may_pipeline(const problem& p) {
 
 // On a large_l2 machine (takes_wide_reads), a step with one query head per kv head reads f16 or
 // bf16 rows of at least half_pipelined_min_row_bytes pipelined too from half_pipelined_min_bytes
-// a thread. Xeon: 0.69-0.88x the time of blocks (0.9-1.5x below 16 MiB); on the Zen 3 (AVX2) the
-// promotion makes a pipelined row too long. Re-measure: scripts/bench-targets --shapes 32768/8
+// a thread (rows mostly from memory); not on small_l2, where (with AVX2) the promotion makes a
+// pipelined row too long. Re-measure: scripts/bench-targets --shapes 32768/8
 inline constexpr std::size_t half_pipelined_min_bytes = std::size_t(16) << 20;
 inline constexpr std::size_t half_pipelined_min_row_bytes = 128;
 
@@ -253,9 +249,8 @@ inline void take_wide_blocks(problem& p) {
 }
 
 /// plan_reads' prefetch, pipelined and side_by_side on a large_l3 machine, from the step's
-/// `bytes` (all threads'); O(1). Xeon, GQA 1: 0.84-0.98x the time of the large_l2 plan up to
-/// 64 MiB (neither prefetch nor pipelining), pipelined 0.74-0.93x from 128 MiB.
-/// Re-measure: scripts/bench-targets --shapes '4096/8|32768'
+/// `bytes` (all threads'): where rows come from depends on what all threads read together;
+/// O(1). Re-measure: scripts/bench-targets --shapes '4096/8|32768'
 inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
   p.prefetch = bytes > large_l3_prefetch_min_bytes ? prefetch_walk::spaced : prefetch_walk::none;
   p.pipelined = may_pipeline(p) && row_bytes(p) >= pipelined_min_short_row_bytes &&
@@ -266,16 +261,14 @@ inline void plan_reads_large_l3(problem& p, std::size_t bytes) {
 
 /// Whether a machine of kind `k` takes take_wide_blocks and the pipelined f16/bf16 reads
 /// (may_pipeline_half_rows): a large_l2 one, not small_l2 (see half_pipelined_min_bytes); O(1).
-/// Zen 4: 0.92x the time without, geometric mean over the grid (f32 and f16, 1 and 2 threads).
 /// Re-measure: scripts/bench-targets
 inline bool takes_wide_reads(cache_kind k) { return k == cache_kind::large_l2; }
 
 // A step read pipelined (PipelineBlocks) prefetches, between two rows, a row of the next block's
 // V and of the K of the block after it (p.prefetch spaced, whatever prefetch_walk_for said),
 // except on a large_l2 machine for f16 or bf16 rows under pipelined_min_short_row_bytes (D 64),
-// where software prefetch only takes issue slots and miss buffers. Zen 4, f16 D 64 / kv 8: no
-// prefetch took 0.82-0.94x the time; f32 rows and 256-byte f16 rows keep it (up to 1.44x
-// without). Re-measure: scripts/bench-targets --shapes ^64/32768/8
+// where software prefetch only takes issue slots and miss buffers; longer rows need it.
+// Re-measure: scripts/bench-targets --shapes ^64/32768/8
 
 /// The prefetch of a step over `p` read pipelined (p.pipelined set) on a machine of kind `k`:
 /// spaced, or none (above); O(1).
@@ -358,9 +351,9 @@ inline std::size_t prefill_block(const prefill_problem& p, std::size_t position)
 }
 
 // A prefill tile takes queries until their query heads (of one kv head) reach prefill_tile_heads:
-// each block of K and V rows is loaded once for all of them. Zen 4 (shared, CPU time): tiles of
-// 128 heads took 0.90-1.01x the time of 64 (twice the scratch), of 32 1.01-1.05x. Re-measure:
-// build/release/bench/prefill_bench --benchmark_filter=threads:1 with the constant changed.
+// each block of K and V rows is loaded once for all of them (more heads: twice the scratch for no
+// gain). Re-measure: build/release/bench/prefill_bench --benchmark_filter=threads:1 with the
+// constant changed.
 inline constexpr std::size_t prefill_tile_heads = 64;
 
 /// Queries [first, first + count) of a prefill chunk (indices into it) decoded with one block.

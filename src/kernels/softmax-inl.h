@@ -118,7 +118,7 @@ HWY_INLINE void SumHeads(DH dh, const chunk& c, const state& s, std::size_t h, c
 /// as 4-lane vectors; a lone head takes the same arithmetic in a 1-lane vector, so a head's
 /// values never depend on which heads share its chunk. c.rescale holds the block maxima until
 /// RescaleHeads turns them into rescales. Out of line (one copy per target and exponential
-/// instead of one per row type): inlined, its Exp copies make simd.cpp compile 1.7x as long under
+/// instead of one per row type): inlined, its Exp copies make simd.cpp compile far longer under
 /// the sanitizers.
 template <class Exp = exact_exp>
 HWY_NOINLINE void ExpBlockWith(const chunk& c, const state& s) {
@@ -336,8 +336,8 @@ HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, cons
 /// A block's rows when each chunk head reads a kv head of its own (AttendSpread): the rows of
 /// the chunk's first kv head; chunk head h reads the same positions' rows h · k_skip (K) and
 /// h · v_skip (V) elements further on, the kv heads' distance in every run (see
-/// uniform_head_stride), so one set of row pointers serves every head. Zen 3: 0.90x the time of
-/// a set collected per head (W 256 / kv 8). Re-measure: scripts/bench-targets --shapes /256/8
+/// uniform_head_stride), so one set of row pointers serves every head, not a set collected per
+/// head. Re-measure: scripts/bench-targets --shapes /256/8
 struct spread_rows {
   block_rows first;
   std::size_t k_skip = 0, v_skip = 0;
@@ -386,9 +386,9 @@ HWY_INLINE std::size_t SpreadAccumulateTiles(DF d, std::size_t heads, std::size_
 /// Folds each chunk head's own V rows into its accumulator, with the same arithmetic per element
 /// as a head alone. Heads go in pairs: each head's eight-vector tiles on its own, then the two
 /// heads together over slices of four vectors (AccumulatePair: eight chains, where one head's
-/// four waited on the FMA latency), then the rest of each row as AccumulateRest; a lone head
-/// as AccumulateRest. Xeon: 0.94-0.96x the time of each head alone (D 64 / W 256 / kv 8); pairs
-/// over whole D 128 rows took 1.09x for f16. Re-measure: scripts/bench-targets --shapes /256/8
+/// four would wait on the FMA latency), then the rest of each row as AccumulateRest; a lone head
+/// as AccumulateRest. Pairs over whole rows do not pay for f16 rows.
+/// Re-measure: scripts/bench-targets --shapes /256/8
 template <class Loader>
 HWY_INLINE void AccumulateBlock(DF d, std::size_t head_dim, const chunk& c, const spread_rows& b,
                                 const state& s, line_feed& feed) {
@@ -501,9 +501,8 @@ HWY_INLINE void AttendPhased(const problem& p, const chunk& c, std::size_t from,
 /// AttendBlocks over the problem's own K/V rows. Unless p.prefetch is none (see
 /// prefetch_walk_for), with software prefetches timed so the L1 holds only what is in use, and
 /// trickled between tiles (line_feed): this block's V rows are fed while its scores are
-/// computed, the next block's K rows while its V rows are summed. Zen 3: 5-32 % faster than the
-/// next block's K ahead of the scores past the L2; no software prefetch took 1.9x the time at
-/// D 128 / W 4096 / kv 8. Re-measure: scripts/bench-targets --shapes 4096
+/// computed, the next block's K rows while its V rows are summed (past the L2 the hardware
+/// prefetchers alone do not keep up). Re-measure: scripts/bench-targets --shapes 4096
 template <class Loader>
 HWY_INLINE void AttendRange(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                             const state& s) {
@@ -557,12 +556,12 @@ HWY_INLINE void AccumulateRowByRow(DF d, std::size_t head_dim, const float* p, c
 /// (p.pipelined, see pipelined_min_row_bytes): software-pipelined, each row of the next block's K
 /// read between two rows of this block's V, so both arrays are read as two steady streams a row
 /// at a time, the order a per-position loop (ggml's) reads them in and the hardware prefetchers
-/// follow (block by block without software prefetch took 1.7x the time of that loop). The
+/// follow (block by block they do not keep up without software prefetch). The
 /// arithmetic per block is AttendRange's (Score1x1's chains, ExpBlock, the V rows folded in as
 /// AccumulateRest folds them), so the bits are the same. Unless p.prefetch is none
 /// (pipelined_prefetch), it also prefetches, between two rows, a row of the next block's V and of
-/// the K of the block after it: each stream a block ahead of its reads. Zen 3, D 128 / kv 8:
-/// 0.71-0.93x the time without. Re-measure: scripts/bench-targets --shapes 128/4096/8
+/// the K of the block after it: each stream a block ahead of its reads.
+/// Re-measure: scripts/bench-targets --shapes 128/4096/8
 template <class Loader>
 HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                                const state& s) {
@@ -622,8 +621,7 @@ HWY_INLINE void PipelineBlocks(const problem& p, const chunk& c, std::size_t fro
 /// then all its V rows, so each array streams with no softmax step waited on between blocks.
 /// Prefetch, when the step has it, is the spaced walk over all the chunk's heads' rows: the next
 /// block's K rows while this block's scores are computed, its V rows while this one's are summed.
-/// Zen 3: side by side 0.85-0.96x the time of one head at a time, phases 0.72-0.99x that of block
-/// after block. Re-measure: scripts/bench-targets --shapes '/(256|4096)/8'
+/// Re-measure: scripts/bench-targets --shapes '/(256|4096)/8'
 template <class Loader>
 HWY_INLINE void AttendSpread(const problem& p, const chunk& c, std::size_t from, std::size_t to,
                              const state& s) {

@@ -3,10 +3,9 @@
 // everyone claims indices, its own share first (take_tasks); the caller returns when no worker
 // is inside the call any more. No lock on that path: the mutex is only for sleeping and waking
 // (and errors).
-// Against a hand-off under the mutex, 2-thread steps take 0.78–0.88× as long, none slower (Zen 3).
-// Waits spin a while before they block, as decode steps come back to back: with blocking waits
-// a D 128 / W 256 / kv 2 step took 1.46× as long on two threads as on one (Zen 3).
-// Both re-measured by scripts/bench-targets --shapes '/256/' (2 threads ÷ 1).
+// A hand-off under the mutex costs small 2-thread steps more. Waits spin a while before they
+// block, as decode steps come back to back: waking a blocked thread costs more than a small step.
+// Re-measure: scripts/bench-targets --shapes '/256/' (2 threads ÷ 1).
 module;
 #include <algorithm>
 #include <atomic>
@@ -50,8 +49,7 @@ constexpr std::chrono::microseconds spin_for{100};
 
 /// Spins until done() or spin_for has passed; returns done(). done() is tried before the clock
 /// is read: a caller whose workers have already left (and a worker whose next call has come)
-/// goes on at once: an empty parallel_for(2) takes 0.69× as long as when the clock is read
-/// first, on the 2 MiB-L2 Xeon (build/release/bench/pool_bench --benchmark_filter=pool).
+/// goes on at once. Re-measure: build/release/bench/pool_bench --benchmark_filter=pool
 template <class Done>
 bool spin_until(Done&& done) {
   if (done()) return true;
@@ -137,8 +135,8 @@ class default_thread_pool::shared {
   /// share [p·n/threads, (p+1)·n/threads), then whatever the others have not claimed. Calls of
   /// the same n give each participant the same share every time, so a decode step split by kv
   /// heads keeps each head's rows in one core's L2 step after step. Beyond 64 tasks, one
-  /// counter for all. Against one counter for every call, 2-thread steps whose rows fit the L2
-  /// take 0.60–0.93× as long, on the 2 MiB-L2 Xeon (scripts/bench-targets --shapes '/256/').
+  /// counter for all (one counter for every call costs 2-thread steps whose rows fit the L2
+  /// more). Re-measure: scripts/bench-targets --shapes '/256/'
   void take_tasks(call& c, std::size_t participant) {
     if (c.n > max_shared_tasks) {
       for (std::size_t i; (i = c.next.fetch_add(1)) < c.n;) run_one(c, i);

@@ -14,7 +14,7 @@
 #include "quant_simd.h"
 
 // Also compiled for AVX3_DL (Highway builds it only on request), whose byte permutes look up two
-// 3-bit codes at once (triples-inl.h; Zen 4, tq3 ÷ tq4 see bench/README).
+// 3-bit codes at once (triples-inl.h; measured in bench/README, "Decisions").
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1
 #endif
@@ -46,7 +46,7 @@ inline constexpr std::size_t max_table_bytes = 32 * (max_dim + 16);
 /// minus a running max) as 2^n · 2^f, t = x·log2 e clamped to −127 (2^−127 taken as 0),
 /// n = round(t), 2^f for |f| ≤ 1/2 by Cephes' exp2f polynomial: relative error under 3e-7 where
 /// a weight is above 1e-9 (0.02 % of the 4-bit codebook's own error; the f32 kernels keep
-/// Highway's Exp). About half of Exp's operations: Zen 4, tq4 ÷ f16 see bench/README.
+/// Highway's Exp). About half of Exp's operations (measured in bench/README, "Decisions").
 struct fast_exp {
   template <class D, class V>
   static HWY_INLINE V exp(D d, V x) {
@@ -273,8 +273,7 @@ HWY_INLINE void ScanRun(const compressed_problem& cp, const codec::rows_run& run
 
 /// The slot groups (codes, scales) of kv head kv's window positions in [lo, hi), asked for a
 /// segment block's share at a time: the next segment's keys, requested while this segment's V
-/// rows are summed, so the scan finds them cached instead of stalling on its loads (Zen 4, D 128
-/// / W 32768 / kv 8: tq3 0.31 → 0.28-0.29 of f16, tq3 ÷ tq4 1.02-1.04 → 0.93-0.96).
+/// rows are summed, so the scan finds them cached instead of stalling on its loads.
 /// Re-measure: python3 bench/compressed_targets.py --shapes '/32768/8' --variants '^tq'
 struct key_prefetch {
   static constexpr std::size_t max_ranges = 4 * max_runs;  // codes, scales, signs, norms a run

@@ -8,8 +8,9 @@
 // norm; with QJL plus the same of ⟨scale·sqrt(π/2)/d·S·q, sign bits⟩ times ‖k‖·‖r‖; int8 keys by
 // an exact integer dot product with the query rounded to 16 bits. Then per block of 64 positions
 // the online-softmax step and the V rows expanded in registers (the codebook in SIMD lanes,
-// TableLookupLanes) into the block's weighted sums. V is accumulated in the rotated space and rotated back once per output row. Nothing else
-// is decoded, nothing is allocated; the result depends only on the positions' codes.
+// TableLookupLanes) into the block's weighted sums. V is accumulated in the rotated space and
+// rotated back once per output row. Nothing else is decoded, nothing is allocated; the result
+// depends only on the positions' codes.
 #pragma once
 #include <cstddef>
 

@@ -35,8 +35,8 @@ using V16 = hn::Vec<D16>;
 inline constexpr std::size_t max_scan_heads = 4;
 
 // Marks a lambda always inlined, as HWY_INLINE a function: the kernels' dispatch lambdas wrap
-// whole loops, which the inliner otherwise leaves out of line (D 64 / W 4096 / kv 8: tq4 ÷ f16
-// 0.83 -> 0.92 so).
+// whole loops, which the inliner otherwise leaves out of line.
+// Re-measure: python3 bench/compressed_targets.py --shapes '^64/4096/8'
 #ifndef RINGKV_INLINE_LAMBDA
 #define RINGKV_INLINE_LAMBDA __attribute__((always_inline))
 #endif
@@ -67,9 +67,8 @@ HWY_INLINE void InSlices(std::size_t count, std::size_t c, Slice&& slice) {
 }
 // Table entries are round(T / delta) in ±table_step_max, stored + table_bias (1 … 127): 7 bits,
 // so two lookups add in a byte before they are widened to 16-bit sums (a third fewer
-// operations a lookup, twice the 8-bit tables' rounding: Zen 4, tq4 ÷ f16 0.82 -> 0.77 at
-// D 64 / W 4096 / kv 2, output error against f32 x1.005-1.04 the exact codebook's at 4 bits,
-// from x1.005-1.015; re-measure: python3 bench/compressed_targets.py and compressed_attention_test).
+// operations a lookup, for twice the 8-bit tables' rounding). Re-measure: python3
+// bench/compressed_targets.py --shapes '^64/4096/2' (speed), compressed_attention_test (error).
 inline constexpr int table_step_max = 63;
 inline constexpr int table_bias = 64;
 

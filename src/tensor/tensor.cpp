@@ -23,8 +23,7 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
 // A window streams megabytes: with 4 KiB pages every 4 KiB is a TLB miss, and the hardware
-// prefetchers stop at each page: a D 128 / W 4096 / kv 8 step took 1.44× as long on 4 KiB pages
-// as on huge pages (Zen 3; scripts/bench-targets --shapes '^128/4096/8').
+// prefetchers stop at each page. Re-measure: scripts/bench-targets --shapes '^128/4096/8'
 std::size_t alignment_for(std::size_t bytes) {
   return bytes >= storage::huge_page ? storage::huge_page : storage::alignment;
 }
@@ -43,8 +42,9 @@ void advise_huge_pages([[maybe_unused]] std::byte* data, [[maybe_unused]] std::s
 }  // namespace
 
 bool all_finite(std::span<const float> values) noexcept {
-  // Highway's widest target: the compiler's own vectorization of this test stayed at SSE2 (the
-  // library's baseline), 6 % of a D 64 / W 16 / kv 8 step for a 512-float query (2 MiB-L2 Xeon).
+  // Highway's widest target: the compiler's own vectorization of this test stays at SSE2 (the
+  // library's baseline), a visible part of a short-window step.
+  // Re-measure: RINGKV_BENCH_WINDOWS=16 build/release/bench/attention_bench
   return simd::all_finite(values.data(), values.size());
 }
 
