@@ -44,8 +44,8 @@ struct layer_options {
                                 // compare
   thread_pool* pool = nullptr;  // split each step across it (same bits); null: this thread.
                                 // windowed_attention::prefill uses the object's own pool
-  scope* arena = nullptr;  // scratch for copies on the kernels' path (an f16/bf16 store's rounded
-                           // chunk rows, a copying store's windows); null: a local one
+  scope* arena = nullptr;  // scratch for copies on the kernels' path (a narrower element type's
+                           // rounded chunk rows, a copying store's windows); null: a local one
 };
 
 /// Options of windowed_attention::prefill (the layer's options; .pool and .gather do not apply).
@@ -75,7 +75,7 @@ class windowed_attention {
   void reserve(std::size_t q_heads, std::size_t head_dim, std::size_t positions);
 
   /// One decode step: query/out are [q_heads * head_dim] f32; keys and values the same window
-  /// [kv_heads, len, head_dim] of one dtype, f32, f16 or bf16 (always accumulated in f32) (GQA:
+  /// [kv_heads, len, head_dim] of one dtype (any element type: always accumulated in f32) (GQA:
   /// query head q reads kv head q / (q_heads / kv_heads)); every position of the window is
   /// attended (the caller chooses the window). `scale` 0 means
   /// 1/sqrt(head_dim); `sinks` is empty or one learned sink logit per query head (it adds
@@ -92,8 +92,8 @@ class windowed_attention {
   /// A chunk of C tokens of one layer: queries [C, q_heads * head_dim], keys and values
   /// [C, kv_heads * head_dim], out like queries. Token i sits at position p = length(layer) + i
   /// and sees p - W + 1 … p (W = options.window; with keep S: 0 … S-1 and the W - S newest),
-  /// never below 0 or above p: the store's zero-copy runs, then the chunk's rows (an f16/bf16
-  /// store's rounded once into the arena as append stores them: adapter_inserted
+  /// never below 0 or above p: the store's zero-copy runs, then the chunk's rows (a store of a
+  /// narrower element type's rounded once into the arena as append stores them: adapter_inserted
   /// {"round-chunk-rows"} for "keys" and "values", in bytes). Every output is computed before the
   /// chunk is appended, so a ring of capacity W takes a chunk of any length; the bits are those
   /// of C calls of append + decode_step however a prompt is cut. Checks all first

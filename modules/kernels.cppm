@@ -74,7 +74,7 @@ float check_step(std::string_view caller, std::span<const float> query, std::siz
 
 /// One decode step: out [q_heads * head_dim] = softmax(query · K^T · scale (+ sink)) · V over all
 /// the window's positions, query head q reading kv head q / (q_heads / kv_heads), each K and V
-/// row loaded once per group. K/V rows may be f32, f16 or bf16 (promoted to f32 in registers;
+/// row loaded once per group. K/V rows may be of any element type (promoted to f32 in registers;
 /// f32 accumulation). `out` is the accumulator; it is written only after every check
 /// (as check_decode). O(window · q_heads · head_dim), no allocation.
 void decode(std::span<const float> query, const windowed_kv& keys, const windowed_kv& values,
@@ -121,7 +121,7 @@ std::size_t prefill_scratch_floats(std::size_t q_heads, std::size_t kv_heads, st
 /// 0 … p while p + 1 <= W, else 0 … S − 1 and p − (W − S) + 1 … p) with exactly the bits decode()
 /// gives over that window alone (its block, segments, merge and finish). Queries are tiled (up to
 /// 64 query heads of one kv head a tile) and each block of a kv head's rows is loaded once for
-/// the whole tile (f16/bf16 rows promoted once). Split across `pool` (null: the calling thread)
+/// the whole tile (narrower rows promoted once). Split across `pool` (null: the calling thread)
 /// by (kv head, tile), with the same bits. keys/values hold every position a query sees (others
 /// are ignored); `scratch`, 64-byte aligned, at least prefill_scratch_floats(q_heads, kv_heads,
 /// head_dim, pool ? pool->size() : 1). Throws std::invalid_argument as check_decode does, and

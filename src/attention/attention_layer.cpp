@@ -16,8 +16,7 @@ layer_attention::layer_attention(kv_cache_store& store, std::size_t layer, layer
                       "ringkv::layer_attention::step") {}
 
 layer_attention::layer_attention(kv_cache_store& store, std::size_t layer, layer_options options,
-                                 trace::sink& sink, std::string_view checks,
-                                 std::string_view step)
+                                 trace::sink& sink, std::string_view checks, std::string_view step)
     : checks_(checks), step_(step), store_(&store), layer_(layer), options_(options),
       window_(detail::check_store(store, layer, options.window, checks)), sink_(&sink),
       attention_(attention_options{&sink, options.pool}), arena_(64, sink) {

@@ -69,7 +69,7 @@ void check_windows(std::string_view caller, const windowed_kv& keys, const windo
   for (const auto& [name, w] : {std::pair{"keys", &keys}, std::pair{"values", &values}})
     if (w->family() != kernel_family::elements)
       refuse(caller, std::string(name) + " are " + std::string(traits_of(w->encoding()).name) +
-                         " codes; these kernels read element rows (f32, f16, bf16): "
+                         " codes; these kernels read element rows (the elements kernel family): "
                          "compressed_kv_attention (or windowed_attention) attends codes");
   if (keys.length() != values.length())
     refuse(caller, "keys hold " + str(keys.length()) + " positions but values hold " +

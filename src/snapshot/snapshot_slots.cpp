@@ -1,7 +1,7 @@
 // The snapshot section of every slot store, saved from the rows a store exposes (stored_window)
 // and loaded into the store of the snapshot's kind. A store's rows live in *planes*, buffers laid out
 // [kv_heads][head stride] rows of a fixed byte size: the default store has keys and values (raw
-// f32/f16/bf16 elements: nothing is rounded twice); TurboQuant has key codes, key norms, (with
+// elements of the config's dtype: nothing is rounded twice); TurboQuant has key codes, key norms, (with
 // QJL) key sign bits and residual norms, value codes and value norms, its key codes and sign
 // bits held in slot groups (quant_codec.h) and written as the packed rows they encode; int8 has
 // key codes, key scales, value codes, value scales. The section is the kind's parameters, per layer (length,
