@@ -61,23 +61,24 @@ struct format_traits {
 /// The format table: the entry of `e`; O(1). An exhaustive switch, so an encoding without an
 /// entry does not compile (-Werror=switch-enum).
 constexpr format_traits traits_of(kv_encoding e) noexcept {
+  using namespace codecs;
   constexpr float all = std::numeric_limits<float>::infinity();
-  switch (e) {
+  constexpr auto elements = kernel_family::elements;
+  // clang-format off: one row an entry
+  switch (e) {  // name, family, bytes, scale plane, unstorable, largest, snapshot tag, codecs
     case kv_encoding::f32:
-      return {"f32", kernel_family::elements, 4, false, all, "3.40e38", 0,
-              codecs::encode_f32, codecs::decode_f32};
-    case kv_encoding::f16:  // 65504 + half an ulp, a tie that rounds up (65504 ends in 1)
-      return {"f16", kernel_family::elements, 2, false, 65520.0f, "65504", 1,
-              codecs::encode_f16, codecs::decode_f16};
+      return {"f32", elements, 4, false, all, "3.40e38", 0, encode_f32, decode_f32};
+    case kv_encoding::f16:  // 65504 + half an ulp: a tie that rounds up (65504 ends in 1)
+      return {"f16", elements, 2, false, 65520.0f, "65504", 1, encode_f16, decode_f16};
     case kv_encoding::bf16:
-      return {"bf16", kernel_family::elements, 2, false, 0x1.ffp127f, "3.39e38", 2,
-              codecs::encode_bf16, codecs::decode_bf16};
+      return {"bf16", elements, 2, false, 0x1.ffp127f, "3.39e38", 2, encode_bf16, decode_bf16};
     case kv_encoding::int8:
       return {"int8", kernel_family::int8, 1, true, all, "3.40e38", 3, nullptr, nullptr};
     case kv_encoding::turboquant:
       return {"turboquant", kernel_family::turboquant, 0, true, all, "3.40e38", 2, nullptr,
               nullptr};
   }
+  // clang-format on
   return {};  // unreachable: every encoding has its case
 }
 
