@@ -5,6 +5,7 @@
 // default_thread_pool(2) (the caller and one worker). Variants:
 //   f32, f16  windowed_attention::decode_step over default_kv_cache_store's zero-copy window
 //             (f16 rows promoted in registers, f32 accumulation): the references
+//   fp8       the same over fp8 E4M3 rows (one byte an element, promoted in registers)
 //   tq4/3/2   compressed_kv_attention over a turboquant_kv_cache_store (key_bits = value_bits)
 //   tq4qjl    the same, keys 3 codebook bits + 1 QJL bit, values 4 bits
 //   int8      compressed_kv_attention over an int8_kv_cache_store
@@ -45,9 +46,24 @@ import ringkv;
 namespace {
 
 constexpr std::size_t q_heads = 8;
-enum kind : std::uint8_t { f32, f16, tq4, tq3, tq2, tq4qjl, int8, floor_int8, read_int8, kinds };
-constexpr std::array<const char*, kinds> names = {"f32",    "f16",  "tq4",        "tq3",      "tq2",
-                                                  "tq4qjl", "int8", "floor_int8", "read_int8"};
+enum kind : std::uint8_t {
+  f32,
+  f16,
+  fp8,
+  tq4,
+  tq3,
+  tq2,
+  tq4qjl,
+  int8,
+  floor_int8,
+  read_int8,
+  kinds
+};
+constexpr std::array<const char*, kinds> names = {
+    "f32", "f16", "fp8", "tq4", "tq3", "tq2", "tq4qjl", "int8", "floor_int8", "read_int8"};
+
+/// Whether variant k is a default store of element rows (attended by the element kernels).
+constexpr bool elements(kind k) { return k == f32 || k == f16 || k == fp8; }
 
 struct shape {
   std::size_t dim, window, kv_heads;
@@ -62,14 +78,18 @@ std::unique_ptr<ringkv::kv_cache_store> make(kind k, const shape& s) {
     return std::make_unique<ringkv::turboquant_kv_cache_store>(
         c, ringkv::turboquant_options{.key_bits = bits, .value_bits = bits, .qjl = qjl}, ring);
   };
+  const auto of = [&](ringkv::dtype t) {
+    ringkv::kv_cache_config h = c;
+    h.key_type = h.value_type = t;
+    return std::make_unique<ringkv::default_kv_cache_store>(h, ring);
+  };
   switch (k) {
     case f32:
-      return std::make_unique<ringkv::default_kv_cache_store>(c, ring);
-    case f16: {
-      ringkv::kv_cache_config h = c;
-      h.key_type = h.value_type = ringkv::dtype::f16;
-      return std::make_unique<ringkv::default_kv_cache_store>(h, ring);
-    }
+      return of(ringkv::dtype::f32);
+    case f16:
+      return of(ringkv::dtype::f16);
+    case fp8:
+      return of(ringkv::dtype::fp8_e4m3);
     case tq4:
       return tq(4, false);
     case tq3:
@@ -217,20 +237,18 @@ void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) 
   const std::size_t n = st.length(0), from = n - s.window;
   const ringkv::attention_options options{.pool = threads > 1 ? &pool_of_two() : nullptr};
   std::size_t bytes = 0;
-  if (k == f32 || k == f16) {
-    const auto& d = static_cast<const ringkv::default_kv_cache_store&>(st);
-    const ringkv::windowed_kv keys = d.key_window(0, from, n), values = d.value_window(0, from, n);
+  // Every store's own window (one type, elements or codes), no cast to a concrete store.
+  const ringkv::windowed_kv keys = *st.stored_window(ringkv::kv_side::keys, 0, from, n);
+  const ringkv::windowed_kv values = *st.stored_window(ringkv::kv_side::values, 0, from, n);
+  if (elements(k)) {
     const ringkv::windowed_attention attention(options);
     attention.decode_step(q, keys, values, out);  // grows the split scratch once
     for (auto _ : state) {
       attention.decode_step(q, keys, values, out);
       benchmark::DoNotOptimize(out.data());
     }
-    bytes = 2 * s.window * s.kv_heads * s.dim * ringkv::size_of(d.config().key_type);
+    bytes = keys.bytes() + values.bytes();
   } else {
-    const auto& c = static_cast<const ringkv::compressed_kv_cache_store&>(st);
-    const ringkv::compressed_window keys = c.compressed_key_window(0, from, n),
-                                    values = c.compressed_value_window(0, from, n);
     const ringkv::compressed_kv_attention attention(options);
     for (auto _ : state) {
       attention.decode_step(q, keys, values, out);
@@ -240,8 +258,7 @@ void decode_step(benchmark::State& state, kind k, shape s, std::size_t threads) 
   }
   state.counters["bytes_per_token"] = double(st.memory().physical_bytes) / double(s.window);
   state.counters["kv_bytes"] = double(bytes);
-  state.SetLabel(k == f32 || k == f16 ? std::string(ringkv::kernels::target_name())
-                                      : compressed_target());
+  state.SetLabel(elements(k) ? std::string(ringkv::kernels::target_name()) : compressed_target());
 }
 
 }  // namespace

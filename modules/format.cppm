@@ -12,13 +12,13 @@ export module ringkv.format;
 
 export namespace ringkv {
 
-/// Element type of a tensor: a row of one of these is head_dim elements of one type. f16 and
-/// bf16 are stored as their bit patterns.
-enum class dtype : std::uint8_t { f32, f16, bf16 };
+/// Element type of a tensor: a row of one of these is head_dim elements of one type. f16, bf16
+/// and fp8_e4m3 (OCP FP8 E4M3FN) are stored as their bit patterns.
+enum class dtype : std::uint8_t { f32, f16, bf16, fp8_e4m3 };
 
 /// Every row format a store can hold: the element types (same values as dtype's), then the
 /// compressed ones, whose rows are codes with side planes.
-enum class kv_encoding : std::uint8_t { f32, f16, bf16, int8, turboquant };
+enum class kv_encoding : std::uint8_t { f32, f16, bf16, fp8_e4m3, int8, turboquant };
 
 /// Which kernels attend rows of a format.
 enum class kernel_family : std::uint8_t {
@@ -39,6 +39,8 @@ void encode_f16(std::byte* dst, const float* src, std::size_t n) noexcept;
 void decode_f16(float* dst, const std::byte* src, std::size_t n) noexcept;
 void encode_bf16(std::byte* dst, const float* src, std::size_t n) noexcept;
 void decode_bf16(float* dst, const std::byte* src, std::size_t n) noexcept;
+void encode_fp8_e4m3(std::byte* dst, const float* src, std::size_t n) noexcept;
+void decode_fp8_e4m3(float* dst, const std::byte* src, std::size_t n) noexcept;
 }  // namespace codecs
 
 /// One entry of the format table.
@@ -72,6 +74,9 @@ constexpr format_traits traits_of(kv_encoding e) noexcept {
       return {"f16", elements, 2, false, 65520.0f, "65504", 1, encode_f16, decode_f16};
     case kv_encoding::bf16:
       return {"bf16", elements, 2, false, 0x1.ffp127f, "3.39e38", 2, encode_bf16, decode_bf16};
+    case kv_encoding::fp8_e4m3:  // 448 + half an ulp = 464 is a tie that rounds down (to even)
+      return {"fp8_e4m3", elements, 1, false, 0x1.d00002p8f, "448", 3, encode_fp8_e4m3,
+              decode_fp8_e4m3};
     case kv_encoding::int8:
       return {"int8", kernel_family::int8, 1, true, all, "3.40e38", 3, nullptr, nullptr};
     case kv_encoding::turboquant:
@@ -88,9 +93,9 @@ constexpr kv_encoding encoding_of(dtype t) noexcept { return kv_encoding(std::ui
 constexpr format_traits traits_of(dtype t) noexcept { return traits_of(encoding_of(t)); }
 /// Bytes per element of `t`; O(1).
 constexpr std::size_t size_of(dtype t) noexcept { return traits_of(t).element_bytes; }
-/// The dtype's name ("f32", "f16", "bf16"); O(1).
+/// The dtype's name ("f32", "f16", "bf16", "fp8_e4m3"); O(1).
 constexpr std::string_view name_of(dtype t) noexcept { return traits_of(t).name; }
 /// Every element type, in the order of their values.
-inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16};
+inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::fp8_e4m3};
 
 }  // namespace ringkv

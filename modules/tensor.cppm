@@ -26,7 +26,7 @@ bool all_storable(std::span<const float> values, dtype type) noexcept;
 /// Throws std::invalid_argument ("ringkv::<who>: <what>[i] = x is too large for f16 ...") at the
 /// first element of `values` (finite: require_finite first) that `type` cannot hold, one that
 /// rounds past its largest finite value (format_traits::unstorable): |x| >= 65520 for f16,
-/// >= 0x1.ffp127 for bf16, none for f32. O(n). A store refuses such keys
+/// >= 0x1.ffp127 for bf16, > 464 for fp8_e4m3, none for f32. O(n). A store refuses such keys
 /// and values as it refuses NaN: stored as ±Inf they would turn attention's output into NaN.
 void require_storable(std::string_view who, std::string_view what, std::span<const float> values,
                       dtype type);

@@ -365,6 +365,7 @@ std::vector<kind> kinds() {
       {"default f16", 5, plain(dtype::f16, dtype::f16)},
       {"default bf16", 5, plain(dtype::bf16, dtype::bf16)},
       {"default f16 keys, bf16 values", 5, plain(dtype::f16, dtype::bf16)},
+      {"default fp8_e4m3", 5, plain(dtype::fp8_e4m3, dtype::fp8_e4m3)},
       {"turboquant 3-bit, dense rotation", 5, turbo({.key_bits = 3, .value_bits = 3, .seed = 11})},
       {"turboquant 4-bit keys with QJL, 2-bit values, Hadamard", 8,
        turbo({.key_bits = 4, .value_bits = 2, .qjl = true, .seed = 12})},
@@ -403,7 +404,7 @@ BOOST_AUTO_TEST_CASE(
     }
   BOOST_TEST_MESSAGE(cases << " round trips, " << windows << " held windows compared, " << outputs
                            << " decode output floats compared");
-  BOOST_TEST(cases == 7u * 7u);
+  BOOST_TEST(cases == 8u * 7u);
 }
 
 BOOST_AUTO_TEST_CASE(

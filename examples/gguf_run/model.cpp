@@ -110,8 +110,8 @@ std::size_t positive(const gguf::file& f, const std::string& key, std::uint32_t 
 }  // namespace
 
 std::optional<cache_type> parse_cache_type(std::string_view s) {
-  for (cache_type t : {cache_type::f32, cache_type::f16, cache_type::bf16, cache_type::turboquant,
-                       cache_type::int8})
+  for (cache_type t : {cache_type::f32, cache_type::f16, cache_type::bf16, cache_type::fp8,
+                       cache_type::turboquant, cache_type::int8})
     if (s == name_of(t)) return t;
   return std::nullopt;
 }
@@ -124,6 +124,8 @@ const char* name_of(cache_type t) noexcept {
       return "f16";
     case cache_type::bf16:
       return "bf16";
+    case cache_type::fp8:
+      return "fp8";
     case cache_type::turboquant:
       return "turboquant";
     case cache_type::int8:
@@ -256,9 +258,7 @@ struct runner::impl {
     const hyper& hp = m.hp;
     for (std::size_t l = 0; l < hp.layers; ++l) {
       const bool ring = hp.sliding[l];
-      const ringkv::dtype t = o.cache == cache_type::f16    ? ringkv::dtype::f16
-                              : o.cache == cache_type::bf16 ? ringkv::dtype::bf16
-                                                            : ringkv::dtype::f32;
+      const ringkv::dtype t = element_type(o.cache);
       const ringkv::kv_cache_config c{.layers = 1,
                                       .kv_heads = hp.kv_heads,
                                       .head_dim = hp.head_dim,
@@ -275,6 +275,23 @@ struct runner::impl {
         stores.push_back(std::make_unique<ringkv::default_kv_cache_store>(c, so));
       layers.emplace_back(*stores.back(), 0, layer_options(l));
     }
+  }
+
+  /// The element type of a cache of element rows (f32 for the compressed ones' config).
+  static ringkv::dtype element_type(cache_type c) noexcept {
+    switch (c) {
+      case cache_type::f16:
+        return ringkv::dtype::f16;
+      case cache_type::bf16:
+        return ringkv::dtype::bf16;
+      case cache_type::fp8:
+        return ringkv::dtype::fp8_e4m3;
+      case cache_type::f32:
+      case cache_type::turboquant:
+      case cache_type::int8:
+        break;
+    }
+    return ringkv::dtype::f32;
   }
 
   float scale() const {

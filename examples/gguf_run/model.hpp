@@ -21,9 +21,9 @@ namespace gguf_run {
 
 enum class architecture { granite_swa, gemma3 };
 /// The K/V cache kinds the runner can put behind every layer.
-enum class cache_type { f32, f16, bf16, turboquant, int8 };
+enum class cache_type { f32, f16, bf16, fp8, turboquant, int8 };
 
-/// The cache type named `s` ("f32", "f16", "bf16", "turboquant", "int8"), or none.
+/// The cache type named `s` ("f32", "f16", "bf16", "fp8", "turboquant", "int8"), or none.
 std::optional<cache_type> parse_cache_type(std::string_view s);
 /// Its name, as parse_cache_type takes it.
 const char* name_of(cache_type t) noexcept;

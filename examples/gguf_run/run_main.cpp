@@ -24,7 +24,7 @@ void usage(std::FILE* to) {
       "  --generate N     tokens to generate greedily after the prompt (default 8)\n"
       "  --chunk N        prompt tokens a prefill call (default 64)\n"
       "  --threads N      threads for matrix products and attention (default 1)\n"
-      "  --cache TYPE     K/V cache: f32 (default), f16, bf16, turboquant, int8\n"
+      "  --cache TYPE     K/V cache: f32 (default), f16, bf16, fp8 (E4M3), turboquant, int8\n"
       "  --logits FILE    write the logits of every position, f32 little-endian\n"
       "                   [positions, vocab], prompt then generated tokens\n"
       "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");

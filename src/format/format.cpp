@@ -1,5 +1,5 @@
-// The element formats' codecs of the format table (modules/format.cppm): f32 copied, f16 and bf16
-// rounded once to nearest even on the way in and promoted exactly on the way out.
+// The element formats' codecs of the format table (modules/format.cppm): f32 copied, f16, bf16 and
+// fp8 E4M3FN rounded once to nearest even on the way in and promoted exactly on the way out.
 module;
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +49,12 @@ void encode_bf16(std::byte* dst, const float* src, std::size_t n) noexcept {
 }
 void decode_bf16(float* dst, const std::byte* src, std::size_t n) noexcept {
   decode_each<std::uint16_t>(dst, src, n, detail::bf16_to_f32);
+}
+void encode_fp8_e4m3(std::byte* dst, const float* src, std::size_t n) noexcept {
+  encode_each<std::uint8_t>(dst, src, n, detail::f32_to_fp8_e4m3);
+}
+void decode_fp8_e4m3(float* dst, const std::byte* src, std::size_t n) noexcept {
+  decode_each<std::uint8_t>(dst, src, n, detail::fp8_e4m3_to_f32);
 }
 
 }  // namespace ringkv::codecs

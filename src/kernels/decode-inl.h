@@ -89,6 +89,8 @@ HWY_INLINE void WithLoader(const problem& p, Run&& run) {
       return run(row_loader<hwy::float16_t>{});
     case element::bf16:
       return run(row_loader<hwy::bfloat16_t>{});
+    case element::fp8_e4m3:
+      return run(row_loader<fp8_e4m3>{});
     case element::f32:
       break;
   }

@@ -125,6 +125,8 @@ simd::element element_of(dtype t) noexcept {
       return simd::element::f16;
     case dtype::bf16:
       return simd::element::bf16;
+    case dtype::fp8_e4m3:
+      return simd::element::fp8_e4m3;
   }
   return simd::element::f32;  // unreachable: every dtype has its case
 }

@@ -131,6 +131,39 @@ struct row_loader<hwy::float16_t> : half_row_loader<hwy::float16_t> {};
 template <>
 struct row_loader<hwy::bfloat16_t> : half_row_loader<hwy::bfloat16_t> {};
 
+using DU8 = hn::Rebind<std::uint8_t, DF>;  // the bits of Lanes(DF) fp8 elements
+
+/// fp8 E4M3FN bits as f32, exact for every value (the scalar codec's fp8_e4m3_to_f32, lane by
+/// lane): exponent and mantissa moved to the top of f32's and rebiased (7 → 127), exponent 0 as
+/// mantissa · 2^-9, 0x7f (NaN; a store never holds it) as NaN.
+HWY_INLINE VF PromoteFP8(DF d, hn::Vec<DU8> bits) {
+  const hn::RebindToSigned<DF> di;
+  const auto wide = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(), bits));
+  const auto magnitude = hn::And(wide, hn::Set(di, 0x7f));
+  const auto normal = hn::Add(hn::ShiftLeft<20>(magnitude), hn::Set(di, (127 - 7) << 23));
+  const auto tiny = hn::BitCast(di, hn::Mul(hn::ConvertTo(d, magnitude), hn::Set(d, 0x1p-9f)));
+  auto r = hn::IfThenElse(hn::Lt(magnitude, hn::Set(di, 0x08)), tiny, normal);
+  r = hn::IfThenElse(hn::Eq(magnitude, hn::Set(di, 0x7f)), hn::Set(di, 0x7fc00000), r);
+  return hn::BitCast(d, hn::Or(r, hn::ShiftLeft<24>(hn::And(wide, hn::Set(di, 0x80)))));
+}
+
+/// fp8 rows: a quarter-width load of the elements' bits, promoted to f32 in registers (exact),
+/// so the arithmetic after the load is the f32 path's.
+template <>
+struct row_loader<fp8_e4m3> {
+  using type = fp8_e4m3;
+  /// Lanes(d) elements of `row` from element i, as f32.
+  static RINGKV_HALF_LOAD VF load(DF d, const std::byte* row, std::size_t i) {
+    return PromoteFP8(d, hn::LoadU(DU8(), reinterpret_cast<const std::uint8_t*>(row) + i));
+  }
+  /// The row's last n (< Lanes) elements from element i, zeros above; reads only those n.
+  static RINGKV_HALF_LOAD VF load_tail(DF d, const std::byte* row, std::size_t i, std::size_t n) {
+    HWY_ALIGN std::uint8_t lanes[hn::MaxLanes(DU8())] = {};
+    std::memcpy(lanes, row + i, n);
+    return PromoteFP8(d, hn::Load(DU8(), lanes));
+  }
+};
+
 /// Reads a whole vector of a row from element i (a functor, so tile code is written once for
 /// whole vectors and for the partial last one).
 template <class Loader>

@@ -112,8 +112,14 @@ inline constexpr std::size_t max_head_dim = 2048;
 /// from the L3), or spaced out by a per-row walk (rows from memory).
 enum class prefetch_walk : std::uint8_t { none, dense, spaced };
 
-/// Element type of K/V rows (f16 and bf16 are promoted to f32 in registers; f32 accumulation).
-enum class element : std::uint8_t { f32, f16, bf16 };
+/// Element type of K/V rows (f16, bf16 and fp8 E4M3FN are promoted to f32 in registers; f32
+/// accumulation).
+enum class element : std::uint8_t { f32, f16, bf16, fp8_e4m3 };
+
+/// An fp8 E4M3FN element's bits: the type fp8 rows are loaded as (rows-inl.h's row_loader).
+struct fp8_e4m3 {
+  std::uint8_t bits;
+};
 
 /// Window positions [first, first + count), rows of every head. Strides are in bytes.
 struct run {
@@ -171,6 +177,8 @@ inline std::size_t element_bytes(element type) {
     case element::f16:
     case element::bf16:
       return 2;
+    case element::fp8_e4m3:
+      return 1;
   }
   return 4;  // unreachable: every element type has its case
 }

@@ -344,8 +344,9 @@ BOOST_AUTO_TEST_CASE(a_made_model_reads_back_with_the_sizes_pattern_and_weights_
 
 BOOST_AUTO_TEST_CASE(every_way_of_feeding_a_prompt_gives_the_same_logits_bit_for_bit) {
   for (architecture a : {architecture::granite_swa, architecture::gemma3})
-    for (gguf_run::cache_type c : {gguf_run::cache_type::f32, gguf_run::cache_type::bf16,
-                                   gguf_run::cache_type::int8, gguf_run::cache_type::turboquant})
+    for (gguf_run::cache_type c :
+         {gguf_run::cache_type::f32, gguf_run::cache_type::bf16, gguf_run::cache_type::fp8,
+          gguf_run::cache_type::int8, gguf_run::cache_type::turboquant})
       for (std::size_t threads : {1, 2}) {
         BOOST_TEST_CONTEXT(gguf_run::name_of(a)
                            << ", " << gguf_run::name_of(c) << ", " << threads << " threads") {

@@ -146,13 +146,14 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(worst <= 3e-3);
 }
 
-// f16/bf16 caches round every stored key and value, TurboQuant (4 bits) and int8 quantize them:
+// f16/bf16/fp8 caches round every stored key and value, TurboQuant (4 bits) and int8 quantize them:
 // their distance from llama.cpp's f32 logits is a property of the format, not a bug, so it is
 // printed and only required to be finite and well below the spread of the logits themselves.
 BOOST_AUTO_TEST_CASE(half_and_compressed_caches_stay_finite_and_close_to_llama_cpp_f32) {
   for (architecture a : {architecture::granite_swa, architecture::gemma3})
-    for (gguf_run::cache_type c : {gguf_run::cache_type::f16, gguf_run::cache_type::bf16,
-                                   gguf_run::cache_type::turboquant, gguf_run::cache_type::int8}) {
+    for (gguf_run::cache_type c :
+         {gguf_run::cache_type::f16, gguf_run::cache_type::bf16, gguf_run::cache_type::fp8,
+          gguf_run::cache_type::turboquant, gguf_run::cache_type::int8}) {
       gguf_run::run_options o = f32_options(a);
       o.cache = c;
       const double worst = worst_distance(a, feed::one_chunk, o, gguf_run::name_of(c));
