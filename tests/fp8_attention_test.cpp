@@ -18,8 +18,9 @@
 
 import ringkv;
 
-using ringkv::default_kv_cache_store;
-using ringkv::dtype;
+#include "element_reference.hpp"
+
+using namespace element_reference;
 using ringkv::windowed_attention;
 using ringkv::windowed_kv;
 using ringkv_test::for_each_target;
@@ -55,97 +56,6 @@ double value_of(std::uint8_t b) {
   return b & 0x80 ? -a : a;
 }
 
-// ---- inputs and the double-precision reference ------------------------------------------------
-
-/// Element i of head h at position p of stream s (0 keys, 1 values, 2 queries), in [-1, 1).
-float input(int s, std::size_t p, std::size_t h, std::size_t i) {
-  std::uint64_t z = ((std::uint64_t(p) * 64 + h) * 4096 + i) * 4 + std::uint64_t(s) + 0x9e3779b9;
-  z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdULL;
-  z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ULL;
-  return float(std::int64_t((z ^ (z >> 33)) >> 40) - (1 << 23)) * 0x1p-23f;
-}
-
-default_kv_cache_store make_store(dtype type, std::size_t kv_heads, std::size_t dim,
-                                  std::size_t capacity, bool ring = true) {
-  return default_kv_cache_store({.layers = 1,
-                                 .kv_heads = kv_heads,
-                                 .head_dim = dim,
-                                 .capacity = capacity,
-                                 .key_type = type,
-                                 .value_type = type},
-                                {.sliding_window = ring});
-}
-
-/// Appends positions [length, to) with rows from input().
-void fill_until(ringkv::kv_cache_store& store, std::size_t to) {
-  const ringkv::kv_cache_config c = store.config();
-  std::vector<float> k(c.row_floats()), v(c.row_floats());
-  for (std::size_t p = store.length(0); p < to; ++p) {
-    for (std::size_t h = 0; h < c.kv_heads; ++h)
-      for (std::size_t i = 0; i < c.head_dim; ++i) {
-        k[h * c.head_dim + i] = input(0, p, h, i);
-        v[h * c.head_dim + i] = input(1, p, h, i);
-      }
-    store.append(0, k, v);
-  }
-}
-
-std::vector<float> make_query(std::size_t q_heads, std::size_t dim) {
-  std::vector<float> q(q_heads * dim);
-  for (std::size_t e = 0; e < q.size(); ++e) q[e] = 4.0f * input(2, 0, e / dim, e % dim);
-  return q;
-}
-
-/// Plain two-pass attention in double over positions [from, to), rows as `row` gives them: the
-/// output, and per element the weighted sum of |v| it is compared at.
-struct reference {
-  std::vector<double> out, magnitude;
-};
-template <class Row>
-reference attend_double(const std::vector<float>& q, std::size_t kv_heads, std::size_t dim,
-                        std::size_t from, std::size_t to, Row row) {
-  const std::size_t q_heads = q.size() / dim, group = q_heads / kv_heads;
-  reference r{std::vector<double>(q.size()), std::vector<double>(q.size())};
-  for (std::size_t h = 0; h < q_heads; ++h) {
-    const std::size_t kv = h / group;
-    std::vector<double> scores;
-    for (std::size_t p = from; p < to; ++p) {
-      double dot = 0;
-      for (std::size_t i = 0; i < dim; ++i) dot += double(q[h * dim + i]) * row(0, p, kv, i);
-      scores.push_back(dot / std::sqrt(double(dim)));
-    }
-    const double max = *std::max_element(scores.begin(), scores.end());
-    double sum = 0;
-    for (std::size_t p = from; p < to; ++p) {
-      const double w = std::exp(scores[p - from] - max);
-      sum += w;
-      for (std::size_t i = 0; i < dim; ++i) {
-        r.out[h * dim + i] += w * row(1, p, kv, i);
-        r.magnitude[h * dim + i] += w * std::abs(row(1, p, kv, i));
-      }
-    }
-    for (std::size_t i = 0; i < dim; ++i) {
-      r.out[h * dim + i] /= sum;
-      r.magnitude[h * dim + i] /= sum;
-    }
-  }
-  return r;
-}
-
-double relative_error(const std::vector<float>& out, const reference& r) {
-  double worst = 0;
-  for (std::size_t e = 0; e < out.size(); ++e)
-    worst = std::max(worst, std::abs(double(out[e]) - r.out[e]) / r.magnitude[e]);
-  return worst;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
-
-// f32 accumulation over rows exact in f32: the attention suite's f32 class.
-constexpr double f32_class = 2e-6;
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(the_format_table_describes_fp8_e4m3) {
@@ -173,9 +83,9 @@ BOOST_AUTO_TEST_CASE(an_fp8_store_holds_each_f32_input_rounded_once_to_nearest_e
       -463.9f, 0x1p-6f, 0x1.fp-7f,   0x1p-9f, 0x1p-10f, 0x3p-10f,  0x1p-11f, 1e-10f, -0x5p-10f,
       0.1f,    -0.3f,   3.14159265f, 240.0f,  -17.0f,   0x1.1p-5f, 7.5f};
   for (std::size_t n = 0; probes.size() < 200; ++n)
-    probes.push_back(std::ldexp(input(1, n, 0, 0), int(n % 24) - 15));
+    probes.push_back(std::ldexp(input(value_stream, n, 0, 0), int(n % 24) - 15));
   constexpr std::size_t kv = 2, dim = 20, capacity = 7;
-  auto store = make_store(dtype::fp8_e4m3, kv, dim, capacity);
+  auto store = make_store(dtype::fp8_e4m3, kv, dim, capacity, true);
   std::vector<float> k(kv * dim), v(k.size());
   const auto key_at = [&](std::size_t p, std::size_t e) {
     return probes[(p * k.size() + e) % 200];
@@ -214,7 +124,7 @@ BOOST_AUTO_TEST_CASE(every_fp8_value_reaches_every_target_exactly) {
   const std::size_t positions = (values.size() + dim - 1) / dim;
   auto store = make_store(dtype::fp8_e4m3, 1, dim, positions, false);
   std::vector<float> k(dim), v(dim), out(2 * dim);
-  const auto query = make_query(2, dim);
+  const auto query = make_query(2, dim, 5);
   for (std::size_t p = 0; p < positions; ++p) {
     for (std::size_t i = 0; i < dim; ++i) v[i] = values[(p * dim + i) % values.size()];
     store.append(0, k, v);
@@ -234,15 +144,16 @@ BOOST_AUTO_TEST_CASE(every_fp8_value_reaches_every_target_exactly) {
 BOOST_AUTO_TEST_CASE(fp8_decode_matches_a_double_reference_on_the_rounded_rows_on_every_target) {
   for (const std::size_t kv : {2, 8})
     for (const std::size_t dim : {64, 128}) {
-      auto store = make_store(dtype::fp8_e4m3, kv, dim, 320);
+      auto store = make_store(dtype::fp8_e4m3, kv, dim, 320, true);
       fill_until(store, 1000);  // wrapped
-      const auto query = make_query(8, dim);
+      const auto query = make_query(8, dim, 7);
       std::vector<float> out(query.size());
       for (const std::size_t w : {1, 17, 300}) {
-        const reference ref = attend_double(query, kv, dim, 1000 - w, 1000,
-                                            [](int s, std::size_t p, std::size_t h, std::size_t i) {
-                                              return rounded(input(s, p, h, i));
-                                            });
+        const reference ref =
+            attend_double(query, kv, dim, 1000 - w, 1000,
+                          [](stream s, std::size_t p, std::size_t h, std::size_t i) {
+                            return rounded(input(s, p, h, i));
+                          });
         for_each_target([&](const char* target) {
           windowed_attention().decode_step(query, store.key_window(0, 1000 - w, 1000),
                                            store.value_window(0, 1000 - w, 1000), out);
@@ -257,9 +168,9 @@ BOOST_AUTO_TEST_CASE(an_fp8_ring_gives_the_bits_of_a_dense_store_and_its_prefill
   // A ring of 37 after several laps against a dense store of every position, W 30, every wrap
   // point; and prefill in chunks of 13 against the decode stream, on 1 and 2 threads.
   constexpr std::size_t kv = 2, dim = 44, end = 150;
-  auto ring = make_store(dtype::fp8_e4m3, kv, dim, 37);
+  auto ring = make_store(dtype::fp8_e4m3, kv, dim, 37, true);
   auto dense = make_store(dtype::fp8_e4m3, kv, dim, end, false);
-  const auto query = make_query(8, dim);
+  const auto query = make_query(8, dim, 7);
   std::vector<float> a(query.size()), b(query.size());
   for (std::size_t p = 31; p <= end; ++p) {
     fill_until(ring, p);
@@ -271,22 +182,22 @@ BOOST_AUTO_TEST_CASE(an_fp8_ring_gives_the_bits_of_a_dense_store_and_its_prefill
     BOOST_TEST(same_bits(a, b), "end " << p);
   }
   std::vector<float> q(end * query.size()), k(end * kv * dim), v(k.size());
-  for (std::size_t e = 0; e < q.size(); ++e) q[e] = input(2, e / 352, 0, e % 352);
+  for (std::size_t e = 0; e < q.size(); ++e) q[e] = input(query_stream, e / 352, 0, e % 352);
   for (std::size_t e = 0; e < k.size(); ++e) {
-    k[e] = 8.0f * input(0, e / 88, 1, e % 88);
-    v[e] = input(1, e / 88, 1, e % 88);
+    k[e] = 8.0f * input(key_stream, e / 88, 1, e % 88);
+    v[e] = input(value_stream, e / 88, 1, e % 88);
   }
   std::vector<ringkv::token_qkv> tokens;
   for (std::size_t t = 0; t < end; ++t)
     tokens.push_back({std::span(q).subspan(t * 352, 352), std::span(k).subspan(t * 88, 88),
                       std::span(v).subspan(t * 88, 88)});
-  auto streamed = make_store(dtype::fp8_e4m3, kv, dim, 37);
+  auto streamed = make_store(dtype::fp8_e4m3, kv, dim, 37, true);
   std::vector<float> want;
   for (std::span<const float> row : ringkv::decode(streamed, 0, tokens))
     want.insert(want.end(), row.begin(), row.end());
   for (const std::size_t threads : {1, 2}) {
     ringkv::default_thread_pool pool(threads);
-    auto prefilled = make_store(dtype::fp8_e4m3, kv, dim, 37);
+    auto prefilled = make_store(dtype::fp8_e4m3, kv, dim, 37, true);
     ringkv::layer_attention layer(prefilled, 0, {.pool = &pool});
     std::vector<float> got(want.size());
     for (std::size_t t = 0; t < end; t += 13) {
@@ -299,7 +210,7 @@ BOOST_AUTO_TEST_CASE(an_fp8_ring_gives_the_bits_of_a_dense_store_and_its_prefill
 }
 
 BOOST_AUTO_TEST_CASE(an_fp8_store_refuses_an_input_past_464_and_holds_464_as_448) {
-  auto store = make_store(dtype::fp8_e4m3, 1, 8, 4);
+  auto store = make_store(dtype::fp8_e4m3, 1, 8, 4, true);
   fill_until(store, 6);
   std::vector<float> k(8, 1.0f), v(8, 1.0f), before(4 * 8), after(4 * 8);
   store.read_keys(0, 2, 6, before);
@@ -331,10 +242,11 @@ BOOST_AUTO_TEST_CASE(fp8s_output_error_against_f32_inputs_sits_beside_f16_bf16_a
   // costs. fp8 keeps 4 significant bits (unit roundoff u = 2^-4): the half suite's bound,
   // ((1 + u)·e^(2δ) − 1) · Σ p|v| with δ the largest score change, plus its subnormals' quantum.
   constexpr std::size_t kv = 2, dim = 128, w = 1024, end = w + 300;
-  const auto query = make_query(8, dim);
-  const reference exact = attend_double(
-      query, kv, dim, end - w, end,
-      [](int s, std::size_t p, std::size_t h, std::size_t i) { return double(input(s, p, h, i)); });
+  const auto query = make_query(8, dim, 7);
+  const reference exact = attend_double(query, kv, dim, end - w, end,
+                                        [](stream s, std::size_t p, std::size_t h, std::size_t i) {
+                                          return double(input(s, p, h, i));
+                                        });
   const ringkv::kv_cache_config c{.layers = 1, .kv_heads = kv, .head_dim = dim, .capacity = w};
   const auto error_of = [&](ringkv::kv_cache_store& store) {
     fill_until(store, end);
@@ -346,7 +258,7 @@ BOOST_AUTO_TEST_CASE(fp8s_output_error_against_f32_inputs_sits_beside_f16_bf16_a
   };
   std::vector<std::pair<std::string, double>> errors;
   for (const dtype t : ringkv::all_dtypes) {
-    auto store = make_store(t, kv, dim, w);
+    auto store = make_store(t, kv, dim, w, true);
     errors.emplace_back(std::string(ringkv::name_of(t)), error_of(store));
   }
   ringkv::int8_kv_cache_store int8(c, {.sliding_window = true});
@@ -369,7 +281,8 @@ BOOST_AUTO_TEST_CASE(fp8s_output_error_against_f32_inputs_sits_beside_f16_bf16_a
     for (std::size_t p = end - w; p < end; ++p) {
       double d = 0;
       for (std::size_t i = 0; i < dim; ++i)
-        d += double(query[h * dim + i]) * (rounded(input(0, p, h / 4, i)) - input(0, p, h / 4, i));
+        d += double(query[h * dim + i]) *
+             (rounded(input(key_stream, p, h / 4, i)) - input(key_stream, p, h / 4, i));
       delta = std::max(delta, std::abs(d) / std::sqrt(double(dim)));
     }
   // Each value moves by at most u·|v|, or by 2^-10 (half the subnormal quantum) below 2^-6.
