@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "hwy/targets.h"
-#include "quant/quant_simd.h"
+#include "kernels/quant/quant_simd.h"
 #include "stream_read.h"
 
 import ringkv;

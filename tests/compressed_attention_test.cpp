@@ -19,7 +19,7 @@
 
 #include "count_new.hpp"
 #include "hwy_targets.hpp"
-#include "quant/quant_simd.h"
+#include "kernels/quant/quant_simd.h"
 
 import ringkv;
 

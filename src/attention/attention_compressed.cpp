@@ -11,7 +11,7 @@ module;
 #include <utility>
 
 #include "quant/quant_codec.h"
-#include "quant/quant_simd.h"
+#include "kernels/quant/quant_simd.h"
 module ringkv.attention;
 
 namespace ringkv {

@@ -22,7 +22,7 @@
 #include "hwy/highway.h"
 #include "kernels/dot-inl.h"
 #include "kernels/rows-inl.h"
-#include "quant/scan-inl.h"
+#include "kernels/quant/scan-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {

@@ -22,7 +22,7 @@
 
 #include "hwy/highway.h"
 #include "kernels/rows-inl.h"
-#include "quant_codec.h"
+#include "quant/quant_codec.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {

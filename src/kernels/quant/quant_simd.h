@@ -14,7 +14,7 @@
 #pragma once
 #include <cstddef>
 
-#include "quant_codec.h"
+#include "quant/quant_codec.h"
 #include "kernels/simd.h"
 
 namespace ringkv::simd {

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "hwy/highway.h"
-#include "quant/scan-inl.h"
+#include "kernels/quant/scan-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {

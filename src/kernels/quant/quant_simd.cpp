@@ -19,13 +19,13 @@
 #define HWY_WANT_AVX3_DL 1
 #endif
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "quant/quant_simd.cpp"
+#define HWY_TARGET_INCLUDE "kernels/quant/quant_simd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include "hwy/highway.h"
 #include "kernels/decode-inl.h"
-#include "quant/expand-inl.h"
-#include "quant/triples-inl.h"
+#include "kernels/quant/expand-inl.h"
+#include "kernels/quant/triples-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringkv::simd::HWY_NAMESPACE {
