@@ -34,7 +34,9 @@ constexpr std::size_t steady_queries = 512;
 
 struct prompt : random_prompt {
   static constexpr std::size_t tokens = prompt_tokens + steady_queries;  // W + 512 at most
-  prompt() : random_prompt(tokens, q_row, kv_row, 17) {}
+  // Inside the class, unqualified q_row / kv_row name the base's members, which are not yet
+  // initialised here: the widths are this file's namespace constants.
+  prompt() : random_prompt(tokens, ::q_row, ::kv_row, 17) {}
 };
 
 const prompt& the_prompt() {
