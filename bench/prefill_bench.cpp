@@ -4,8 +4,11 @@
 //             ring in chunks of `chunk` (512: a typical micro-batch; 4096: one call), or the
 //             steady state: one chunk of `chunk` (512) queries at positions W … W + 511 after W
 //             prompt tokens, each seeing a full window
-//   token_by_token  the same queries as (append + decode_step) each: the old prefill path's cost
-//             (one decode a query), same bits
+//   token_by_token  the same queries as (append + decode_step) each: one decode a query, same
+//             bits
+//   prefill_own_store  prefill over tests/support/own_rows_store.hpp, a store written outside the
+//             library that exposes its rows (stored_window): the tiled kernel, as for the default
+//             store (f32, chunks of 512; compare with prefill of the same arguments, interleaved)
 // Counters: tokens_per_second (wall time), and fraction_of_peak: the useful multiply-adds
 // (2 · 32 · 128 · keys seen, per query) over the CPU time the run took on all its threads times
 // the FMA peak of a core, measured in this process just before in CPU time (eight independent FMA
@@ -15,17 +18,24 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <optional>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <time.h>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "random_prompt.hpp"
 #include "stream_read.h"
 
 import ringkv;
+
+#include "own_rows_store.hpp"
 
 namespace {
 constexpr std::size_t prompt_tokens = 4096, head_dim = 128, q_heads = 32, kv_heads = 8;
@@ -70,14 +80,22 @@ ringkv::dtype type_of(std::int64_t code) {
   return code == 2 ? ringkv::dtype::bf16 : code == 1 ? ringkv::dtype::f16 : ringkv::dtype::f32;
 }
 
-ringkv::default_kv_cache_store fresh_ring(std::size_t window, ringkv::dtype type) {
-  return ringkv::default_kv_cache_store({.layers = 1,
-                                         .kv_heads = kv_heads,
-                                         .head_dim = head_dim,
-                                         .capacity = window,
-                                         .key_type = type,
-                                         .value_type = type},
-                                        {.sliding_window = true});
+ringkv::kv_cache_config config_of(std::size_t window, ringkv::dtype type) {
+  return {.layers = 1,
+          .kv_heads = kv_heads,
+          .head_dim = head_dim,
+          .capacity = window,
+          .key_type = type,
+          .value_type = type};
+}
+
+/// A fresh ring of `window` positions: ringkv's default store or the test's own.
+template <class Store>
+Store fresh_ring(std::size_t window, ringkv::dtype type) {
+  if constexpr (std::is_same_v<Store, store_test::own_rows_store>)
+    return Store(config_of(window, type), true);
+  else
+    return Store(config_of(window, type), {.sliding_window = true});
 }
 
 /// What one benchmark runs: its queries [first, first + tokens) after `first` prompt tokens.
@@ -97,10 +115,10 @@ run_shape shape_of(const benchmark::State& state) {
 }
 
 /// A ring holding the prompt's first `s.first` tokens (prefilled in chunks of 512).
-ringkv::default_kv_cache_store ring_before(const run_shape& s,
-                                           const ringkv::windowed_attention& attention,
-                                           ringkv::scope& arena) {
-  auto store = fresh_ring(s.window, s.type);
+template <class Store = ringkv::default_kv_cache_store>
+Store ring_before(const run_shape& s, const ringkv::windowed_attention& attention,
+                  ringkv::scope& arena) {
+  auto store = fresh_ring<Store>(s.window, s.type);
   const prompt& p = the_prompt();
   std::vector<float> out(steady_queries * q_row);
   for (std::size_t t = 0; t < s.first; t += steady_queries) {
@@ -126,7 +144,8 @@ void count(benchmark::State& state, const run_shape& s, double peak, double cpu)
   state.counters["peak_gfma_per_cpu_second"] = peak * 1e-9;
 }
 
-void prefill(benchmark::State& state) {
+template <class Store>
+void prefill_into(benchmark::State& state) {
   const run_shape s = shape_of(state);
   const std::size_t chunk = std::size_t(state.range(2));
   const prompt& p = the_prompt();
@@ -140,7 +159,7 @@ void prefill(benchmark::State& state) {
   double cpu = 0.0;
   for (auto _ : state) {
     state.PauseTiming();
-    auto store = ring_before(s, attention, arena);
+    auto store = ring_before<Store>(s, attention, arena);
     const double start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
     state.ResumeTiming();
     for (std::size_t t = s.first; t < s.first + s.tokens; t += chunk) {
@@ -156,6 +175,9 @@ void prefill(benchmark::State& state) {
   }
   count(state, s, peak, cpu);
 }
+
+void prefill(benchmark::State& state) { prefill_into<ringkv::default_kv_cache_store>(state); }
+void prefill_own_store(benchmark::State& state) { prefill_into<store_test::own_rows_store>(state); }
 
 void token_by_token(benchmark::State& state) {
   const run_shape s = shape_of(state);
@@ -200,6 +222,13 @@ void grid(benchmark::internal::Benchmark* b, bool chunked) {
 
 BENCHMARK(prefill)->Apply([](benchmark::internal::Benchmark* b) { grid(b, true); });
 BENCHMARK(token_by_token)->Apply([](benchmark::internal::Benchmark* b) { grid(b, false); });
+BENCHMARK(prefill_own_store)->Apply([](benchmark::internal::Benchmark* b) {
+  b->ArgNames({"W", "type", "chunk", "scope", "threads"});
+  for (const int window : {1024, 4096})
+    for (const int threads : {1, 2})
+      for (const int scope : {whole_prompt, steady}) b->Args({window, 0, 512, scope, threads});
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.3);
+});
 }  // namespace
 
 BENCHMARK_MAIN();

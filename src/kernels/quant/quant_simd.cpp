@@ -134,14 +134,14 @@ HWY_INLINE auto VisitValueKind(value_kind k, F&& f) {
 #endif
     case value_kind::crumb:
       return f(crumb_rows());
-    case value_kind::triple:
-      return f(triple_rows());
-    case value_kind::wide_triple:  // chosen only where the byte permute exists
+    case value_kind::wide_triple:
 #ifdef RINGKV_BYTE_PERMUTE
       return f(wide_triple_rows());
 #else
-      return f(triple_rows());
+      [[fallthrough]];  // chosen only where the byte permute exists
 #endif
+    case value_kind::triple:
+      return f(triple_rows());
     case value_kind::nibble:
       break;
   }
