@@ -1,4 +1,5 @@
-// A store written outside the library (tests, bench): a ring or dense cache over its own buffers,
+// A store written outside the library (tests, bench): a ring or dense cache over its own buffers
+// (ringkv::storage: 64-byte aligned, huge pages where large, as a runtime's allocator would give),
 // one per layer and side laid out [kv_heads][capacity][head_dim] in the config's element type,
 // that exposes its rows through kv_cache_store::stored_window and nothing else of ringkv's store
 // code (no slotted_kv_cache_store, no friend access). It shows what a runtime's own store gets:
@@ -15,9 +16,11 @@ class own_rows_store final : public ringkv::kv_cache_store {
                  ringkv::trace::sink& sink = ringkv::trace::null_sink())
       : kv_cache_store(sink), c_(c), ring_(ring), layers_(c.layers) {
     c_.validate();
-    for (layer& l : layers_)
-      for (std::vector<std::byte>* side : {&l.keys, &l.values})
-        side->resize(c.kv_heads * c.capacity * c.head_dim * ringkv::size_of(c.key_type));
+    const std::size_t bytes = c.kv_heads * c.capacity * c.head_dim * ringkv::size_of(c.key_type);
+    for (layer& l : layers_) {
+      l.keys = ringkv::storage(bytes, "own-keys", sink);
+      l.values = ringkv::storage(bytes, "own-values", sink);
+    }
   }
 
   std::size_t append(std::size_t l, std::span<const float> k, std::span<const float> v) override {
@@ -64,7 +67,7 @@ class own_rows_store final : public ringkv::kv_cache_store {
   void clear(std::size_t l) override { at(l).length = 0; }
   ringkv::memory_report memory() const override {
     ringkv::memory_report r;
-    r.keys.physical_bytes = r.values.physical_bytes = layers_.size() * layers_[0].keys.size();
+    r.keys.physical_bytes = r.values.physical_bytes = layers_.size() * layers_[0].keys.bytes();
     r.physical_bytes = 2 * r.keys.physical_bytes;
     return r;
   }
@@ -92,7 +95,7 @@ class own_rows_store final : public ringkv::kv_cache_store {
 
  private:
   struct layer {
-    std::vector<std::byte> keys, values;  // [kv_heads][capacity][head_dim]
+    ringkv::storage keys, values;  // [kv_heads][capacity][head_dim]
     std::size_t length = 0;
   };
   layer& at(std::size_t l) { return const_cast<layer&>(std::as_const(*this).at(l)); }
