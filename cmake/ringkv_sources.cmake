@@ -33,6 +33,7 @@ set(RINGKV_SOURCES
   src/attention/attention_prefill.cpp
   src/attention/attention_compressed.cpp
   src/attention/attention_layer.cpp
+  src/attention/attention_batch.cpp
   src/kernels/quant/quant_simd.cpp
   src/quant/quant_codebook.cpp
   src/quant/quant_rotation.cpp

@@ -190,6 +190,9 @@ class layer_attention {
   /// arena (same checks, same bits as C steps).
   void prefill(std::span<const float> queries, std::span<const float> keys,
                std::span<const float> values, std::span<float> out);
+  /// Throws what prefill() would for this chunk, changing nothing; O(chunk).
+  void check_chunk(std::span<const float> queries, std::span<const float> keys,
+                   std::span<const float> values, std::span<const float> out) const;
 
   /// The store it appends to; O(1).
   kv_cache_store& store() const noexcept { return *store_; }
@@ -199,6 +202,8 @@ class layer_attention {
   std::size_t window() const noexcept { return window_; }
   /// The options it was made with; O(1).
   const layer_options& options() const noexcept { return options_; }
+  /// Where its events go; O(1).
+  trace::sink& sink() const noexcept { return *sink_; }
 
  protected:
   /// As the public constructor; refusals of the checks start with `checks` and a refused step's
@@ -217,6 +222,30 @@ class layer_attention {
   scope arena_;                   // grows only for stores whose windows copy (or .gather)
   std::size_t reserved_q_ = 0;    // query width the pool's scratch was sized for
 };
+
+/// One member of a batched call (attend_batch): a layer of one sequence — its layer_attention
+/// over its own store, with its own window, scale, sinks and row format — and its new tokens:
+/// one for a decode step, C for a prefill chunk.
+struct batch_entry {
+  layer_attention* layer = nullptr;
+  std::span<const float> queries;  // [C, q_heads * head_dim]
+  std::span<const float> keys;     // [C, kv_heads * head_dim]
+  std::span<const float> values;   // [C, kv_heads * head_dim]
+  std::span<float> out;            // like queries
+};
+
+/// Attends a batch in one call, the shape a continuous-batching scheduler emits: each entry
+/// appends its tokens to its layer's store and attends them (one token: layer_attention::step;
+/// more: its prefill), the entries spread over `pool` (null: this thread; an entry's own pool
+/// then runs inline). Every output row is bit-identical to that entry's own step or prefill,
+/// whatever the batch's size and order, the other members, their formats and windows, and the
+/// thread count: an entry's arithmetic is fixed by its own window, never by the batch. Checks
+/// every entry first (as step / prefill do, and that no two entries share a layer of a store):
+/// a refusal leaves every store and every out untouched. A batch one of whose layers has an
+/// enabled sink runs on the calling thread, entry after entry, so events arrive in order on a
+/// sink that takes them from one thread (trace::recorder). No allocation once each entry's layer
+/// is warm. O(Σ entry work / threads).
+void attend_batch(std::span<const batch_entry> entries, thread_pool* pool = nullptr);
 
 }  // namespace ringkv
 
@@ -239,6 +268,18 @@ std::size_t window_from(std::size_t p, std::size_t window, std::size_t keep) noe
 std::optional<std::array<windowed_kv, 2>> stored_windows(const kv_cache_store& store,
                                                          std::size_t layer, std::size_t from,
                                                          std::size_t to);
+/// A chunk's geometry after every check (C = tokens; rows in floats).
+struct chunk_shape {
+  std::size_t tokens = 0, q_row = 0, kv_row = 0, window = 0;
+  float scale = 0.0f;
+};
+/// Checks everything windowed_attention::prefill needs of a chunk on `layer` of `store` before
+/// it changes anything (std::invalid_argument / std::out_of_range naming the argument, cache_full
+/// for a dense store without room) and returns its shape; O(chunk).
+chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
+                        std::span<const float> queries, std::span<const float> keys,
+                        std::span<const float> values, std::span<const float> out,
+                        const prefill_options& o);
 /// Checks a step over code windows as compressed_kv_attention::decode_step does (both windows
 /// codes of the same positions and geometry; query, out, scale and sinks) and returns the
 /// resolved scale; throws std::invalid_argument naming `caller`. O(q_heads + runs).

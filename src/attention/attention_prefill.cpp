@@ -26,57 +26,6 @@ constexpr std::string_view who = "ringkv::windowed_attention::prefill";
 
 std::string str(std::size_t n) { return std::to_string(n); }
 
-/// The chunk's geometry after every check (C = tokens; rows in floats).
-struct chunk_shape {
-  std::size_t tokens = 0, q_row = 0, kv_row = 0, window = 0;
-  float scale = 0.0f;
-};
-
-chunk_shape check_chunk(const kv_cache_store& store, std::size_t layer,
-                        std::span<const float> queries, std::span<const float> keys,
-                        std::span<const float> values, std::span<const float> out,
-                        const prefill_options& o) {
-  const kv_cache_config c = store.config();
-  chunk_shape s;
-  s.window = detail::check_store(store, layer, o.window, who);
-  s.kv_row = c.row_floats();
-  if (keys.size() % s.kv_row != 0)
-    refuse("keys has " + str(keys.size()) +
-           " floats, not a multiple of kv_heads * head_dim = " + str(s.kv_row));
-  if (values.size() != keys.size())
-    refuse("values has " + str(values.size()) + " floats but keys has " + str(keys.size()));
-  s.tokens = keys.size() / s.kv_row;
-  if (out.size() != queries.size())
-    refuse("out has " + str(out.size()) + " floats but queries has " + str(queries.size()));
-  if (s.tokens == 0) {
-    if (!queries.empty()) refuse("queries has " + str(queries.size()) + " floats for 0 tokens");
-    return s;
-  }
-  if (queries.size() % s.tokens != 0)
-    refuse("queries has " + str(queries.size()) + " floats for " + str(s.tokens) +
-           " tokens; expected tokens * q_heads * head_dim");
-  s.q_row = queries.size() / s.tokens;
-  for (const auto& [name, in] : {std::pair{"queries", queries}, std::pair{"keys", keys},
-                                 std::pair{"values", values}, std::pair{"sinks", o.sinks}})
-    if (overlaps(out, in)) refuse(std::string("out overlaps ") + name);
-  // One row's query/out/sinks/scale checks stand for all rows (they share the geometry).
-  s.scale = kernels::check_step(who, queries.first(s.q_row), c.kv_heads, c.head_dim,
-                                out.first(s.q_row), o.scale, o.sinks);
-  // These add the "ringkv::" of who themselves.
-  const std::string_view name = who.substr(std::string_view("ringkv::").size());
-  require_finite(name, "queries", queries);
-  require_finite(name, "keys", keys);
-  require_finite(name, "values", values);
-  require_storable(name, "keys", keys, c.key_type);
-  require_storable(name, "values", values, c.value_type);
-  const std::size_t length = store.length(layer);
-  if (!store.options().sliding_window && length + s.tokens > c.capacity)
-    throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) + " of " +
-                     str(c.capacity) + " positions; a chunk of " + str(s.tokens) +
-                     " tokens does not fit");
-  return s;
-}
-
 /// The chunk's rows as the store holds them: the caller's f32 rows in place, or rounded once
 /// to the store's element type in `arena` (a copy on the kernels' path: adapter_inserted
 /// {"round-chunk-rows", target, bytes} to `sink`). [kv_heads, tokens, head_dim], positions from
@@ -135,11 +84,57 @@ std::optional<std::array<windowed_kv, 2>> held_windows(const kv_cache_store& sto
 
 }  // namespace
 
+detail::chunk_shape detail::check_chunk(const kv_cache_store& store, std::size_t layer,
+                                        std::span<const float> queries, std::span<const float> keys,
+                                        std::span<const float> values, std::span<const float> out,
+                                        const prefill_options& o) {
+  const kv_cache_config c = store.config();
+  detail::chunk_shape s;
+  s.window = detail::check_store(store, layer, o.window, who);
+  s.kv_row = c.row_floats();
+  if (keys.size() % s.kv_row != 0)
+    refuse("keys has " + str(keys.size()) +
+           " floats, not a multiple of kv_heads * head_dim = " + str(s.kv_row));
+  if (values.size() != keys.size())
+    refuse("values has " + str(values.size()) + " floats but keys has " + str(keys.size()));
+  s.tokens = keys.size() / s.kv_row;
+  if (out.size() != queries.size())
+    refuse("out has " + str(out.size()) + " floats but queries has " + str(queries.size()));
+  if (s.tokens == 0) {
+    if (!queries.empty()) refuse("queries has " + str(queries.size()) + " floats for 0 tokens");
+    return s;
+  }
+  if (queries.size() % s.tokens != 0)
+    refuse("queries has " + str(queries.size()) + " floats for " + str(s.tokens) +
+           " tokens; expected tokens * q_heads * head_dim");
+  s.q_row = queries.size() / s.tokens;
+  for (const auto& [name, in] : {std::pair{"queries", queries}, std::pair{"keys", keys},
+                                 std::pair{"values", values}, std::pair{"sinks", o.sinks}})
+    if (overlaps(out, in)) refuse(std::string("out overlaps ") + name);
+  // One row's query/out/sinks/scale checks stand for all rows (they share the geometry).
+  s.scale = kernels::check_step(who, queries.first(s.q_row), c.kv_heads, c.head_dim,
+                                out.first(s.q_row), o.scale, o.sinks);
+  // These add the "ringkv::" of who themselves.
+  const std::string_view name = who.substr(std::string_view("ringkv::").size());
+  require_finite(name, "queries", queries);
+  require_finite(name, "keys", keys);
+  require_finite(name, "values", values);
+  require_storable(name, "keys", keys, c.key_type);
+  require_storable(name, "values", values, c.value_type);
+  const std::size_t length = store.length(layer);
+  if (!store.options().sliding_window && length + s.tokens > c.capacity)
+    throw cache_full(std::string(who) + ": layer " + str(layer) + " holds " + str(length) + " of " +
+                     str(c.capacity) + " positions; a chunk of " + str(s.tokens) +
+                     " tokens does not fit");
+  return s;
+}
+
 void windowed_attention::prefill(kv_cache_store& store, std::size_t layer,
                                  std::span<const float> queries, std::span<const float> keys,
                                  std::span<const float> values, std::span<float> out,
                                  const prefill_options& options) const {
-  const chunk_shape s = check_chunk(store, layer, queries, keys, values, out, options);
+  const detail::chunk_shape s =
+      detail::check_chunk(store, layer, queries, keys, values, out, options);
   if (s.tokens == 0) return;
   std::optional<scope> local;  // made only if needed: an f32 prefill allocates nothing
   const auto arena = [&]() -> scope& {

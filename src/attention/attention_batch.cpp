@@ -1,0 +1,68 @@
+// attend_batch: a batch of sequences' layers attended in one call, each entry exactly its own
+// step or prefill (the batch never enters an entry's arithmetic), the entries spread over a pool.
+module;
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+module ringkv.attention;
+
+namespace ringkv {
+namespace {
+
+[[noreturn]] void refuse(std::size_t i, const std::string& what) {
+  throw std::invalid_argument("ringkv::attend_batch: entry " + std::to_string(i) + ": " + what);
+}
+
+/// Whether entry e is one token (a decode step) rather than a prefill chunk.
+bool one_token(const batch_entry& e) {
+  const kv_cache_config c = e.layer->store().config();
+  return e.keys.size() == c.row_floats();
+}
+
+/// Checks entry i as its step or prefill would, and that no earlier entry has its layer.
+void check(std::span<const batch_entry> entries, std::size_t i) {
+  const batch_entry& e = entries[i];
+  if (e.layer == nullptr) refuse(i, "layer is null");
+  for (std::size_t j = 0; j < i; ++j)
+    if (&entries[j].layer->store() == &e.layer->store() &&
+        entries[j].layer->layer() == e.layer->layer())
+      refuse(i, "layer " + std::to_string(e.layer->layer()) + " of its store is entry " +
+                    std::to_string(j) + "'s too (a batch appends to each layer once)");
+  if (!one_token(e)) return e.layer->check_chunk(e.queries, e.keys, e.values, e.out);
+  e.layer->check({e.queries, e.keys, e.values});
+  if (e.out.size() != e.queries.size())
+    refuse(i, "out has " + std::to_string(e.out.size()) + " floats, queries has " +
+                  std::to_string(e.queries.size()));
+}
+
+void run(const batch_entry& e) {
+  if (one_token(e))
+    e.layer->step({e.queries, e.keys, e.values}, e.out);
+  else
+    e.layer->prefill(e.queries, e.keys, e.values, e.out);
+}
+
+}  // namespace
+
+void attend_batch(std::span<const batch_entry> entries, thread_pool* pool) {
+  bool traced = false;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    check(entries, i);
+    traced = traced || entries[i].layer->sink().enabled();
+  }
+  if (pool == nullptr || pool->size() <= 1 || entries.size() <= 1 || traced) {
+    for (const batch_entry& e : entries) run(e);
+    return;
+  }
+  pool->parallel_for(entries.size(), [&](std::size_t i) { run(entries[i]); });
+}
+
+void layer_attention::check_chunk(std::span<const float> queries, std::span<const float> keys,
+                                  std::span<const float> values, std::span<const float> out) const {
+  layer_options o = options_;
+  o.window = window_;
+  detail::check_chunk(*store_, layer_, queries, keys, values, out, o);
+}
+
+}  // namespace ringkv
