@@ -183,6 +183,29 @@ BOOST_AUTO_TEST_CASE(a_bad_entry_is_refused_before_any_entry_changes_anything) {
   refused({entry(0), entry(1), entry(0)}, "entry 2: layer 1 of its store is entry 0's too");
   q[1][0] = std::numeric_limits<float>::quiet_NaN();
   refused({entry(0), entry(1)}, "non-finite");
+  q[1][0] = 0.0f;
+  // What the last entry's store would refuse at its append: a value its f16 cannot hold, a full
+  // dense layer.
+  ringkv::default_kv_cache_store half({.layers = 1,
+                                       .kv_heads = 1,
+                                       .head_dim = 4,
+                                       .capacity = 2,
+                                       .key_type = ringkv::dtype::f16,
+                                       .value_type = ringkv::dtype::f16});
+  ringkv::layer_attention half_layer(half, 0);
+  std::vector<float> hq(4, 0.5f), hk(4, 0.5f), hv(4, 0.5f), hout(4, 7.0f);
+  hv[2] = 70000.0f;
+  refused({entry(0), entry(1), {&half_layer, hq, hk, hv, hout}}, "entry 2 values[2] = 70000");
+  hv[2] = 0.5f;
+  half_layer.step({hq, hk, hv}, hout);
+  half_layer.step({hq, hk, hv}, hout);
+  std::fill(hout.begin(), hout.end(), 7.0f);
+  BOOST_CHECK_THROW(
+      ringkv::attend_batch(
+          std::vector<ringkv::batch_entry>{entry(0), {&half_layer, hq, hk, hv, hout}}, &pool),
+      ringkv::cache_full);
+  unchanged();
+  BOOST_TEST(half.length(0) == 2u);
 }
 
 BOOST_AUTO_TEST_CASE(a_warm_batch_of_decode_steps_allocates_nothing_on_any_thread_count) {

@@ -34,6 +34,17 @@ void check(std::span<const batch_entry> entries, std::size_t i) {
   if (e.out.size() != e.queries.size())
     refuse(i, "out has " + std::to_string(e.out.size()) + " floats, queries has " +
                   std::to_string(e.queries.size()));
+  // What the store's append would refuse, refused before any entry appends (a step alone
+  // leaves that to append, which refuses before it changes anything).
+  const kv_cache_store& store = e.layer->store();
+  const kv_cache_config c = store.config();
+  require_storable("attend_batch", "entry " + std::to_string(i) + " keys", e.keys, c.key_type);
+  require_storable("attend_batch", "entry " + std::to_string(i) + " values", e.values,
+                   c.value_type);
+  if (!store.options().sliding_window && store.length(e.layer->layer()) == c.capacity)
+    throw cache_full("ringkv::attend_batch: entry " + std::to_string(i) + ": layer " +
+                     std::to_string(e.layer->layer()) + " holds all " + std::to_string(c.capacity) +
+                     " positions of its dense store");
 }
 
 void run(const batch_entry& e) {
