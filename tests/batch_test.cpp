@@ -96,6 +96,19 @@ struct tokens {
   std::vector<float> q, k, v, alone_out, batched_out;
 };
 
+/// One decode step's rows for each sequence (out filled with `fill`).
+struct one_token_each {
+  std::vector<std::vector<float>> q, k, v, out;
+  one_token_each(std::mt19937& rng, const std::vector<sequence>& seqs, float fill) {
+    for (const sequence& s : seqs) {
+      q.push_back(normal_rows(rng, s.q_width));
+      k.push_back(normal_rows(rng, s.kv_width));
+      v.push_back(normal_rows(rng, s.kv_width));
+      out.emplace_back(s.q_width, fill);
+    }
+  }
+};
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -150,13 +163,8 @@ BOOST_AUTO_TEST_CASE(every_entry_of_a_random_batch_gives_the_bits_it_gets_alone)
 BOOST_AUTO_TEST_CASE(a_bad_entry_is_refused_before_any_entry_changes_anything) {
   std::mt19937 rng(5);
   std::vector<sequence> seqs = make_sequences(rng, 3);
-  std::vector<std::vector<float>> q, k, v, out;
-  for (const sequence& s : seqs) {
-    q.push_back(normal_rows(rng, s.q_width));
-    k.push_back(normal_rows(rng, s.kv_width));
-    v.push_back(normal_rows(rng, s.kv_width));
-    out.emplace_back(s.q_width, 7.0f);
-  }
+  one_token_each rows(rng, seqs, 7.0f);
+  auto &q = rows.q, &k = rows.k, &v = rows.v, &out = rows.out;
   const auto entry = [&](std::size_t i) {
     return ringkv::batch_entry{seqs[i].batched.get(), q[i], k[i], v[i], out[i]};
   };
@@ -211,13 +219,8 @@ BOOST_AUTO_TEST_CASE(a_bad_entry_is_refused_before_any_entry_changes_anything) {
 BOOST_AUTO_TEST_CASE(a_warm_batch_of_decode_steps_allocates_nothing_on_any_thread_count) {
   std::mt19937 rng(9);
   std::vector<sequence> seqs = make_sequences(rng, 16);
-  std::vector<std::vector<float>> q, k, v, out;
-  for (const sequence& s : seqs) {
-    q.push_back(normal_rows(rng, s.q_width));
-    k.push_back(normal_rows(rng, s.kv_width));
-    v.push_back(normal_rows(rng, s.kv_width));
-    out.emplace_back(s.q_width);
-  }
+  one_token_each rows(rng, seqs, 0.0f);
+  auto &q = rows.q, &k = rows.k, &v = rows.v, &out = rows.out;
   std::vector<ringkv::batch_entry> entries;
   for (std::size_t i = 0; i < seqs.size(); ++i)
     entries.push_back({seqs[i].batched.get(), q[i], k[i], v[i], out[i]});
