@@ -14,6 +14,7 @@ set(RINGKV_MODULES
   modules/decode.cppm
   modules/quant.cppm
   modules/snapshot.cppm
+  modules/pool.cppm
 )
 set(RINGKV_SOURCES
   src/trace/trace.cpp
@@ -44,6 +45,8 @@ set(RINGKV_SOURCES
   src/snapshot/snapshot.cpp
   src/snapshot/snapshot_slots.cpp
   src/snapshot/snapshot_file.cpp
+  src/pool/block_arena.cpp
+  src/pool/pool.cpp
 )
 # The quantizers' inner loops (rotations, codebook search, QJL projections) are optimised in
 # every configuration: at -O0 the tests' 10^4-vector distortion checks would dominate the suite.

@@ -12,3 +12,4 @@ export import ringkv.attention;
 export import ringkv.decode;
 export import ringkv.quant;
 export import ringkv.snapshot;
+export import ringkv.pool;

@@ -235,6 +235,9 @@ class slotted_kv_cache_store : public kv_cache_store {
   /// A report with physical bytes per side as given, logical bytes from the held rows and the
   /// ratio of a full f32 cache to the physical bytes; O(layers).
   memory_report report(std::size_t key_bytes, std::size_t value_bytes) const;
+  /// Takes `from`'s lengths and window starts (same config and options, else
+  /// std::invalid_argument): a derived store that copied or shared the rows themselves; O(layers).
+  void copy_positions(const slotted_kv_cache_store& from);
   /// kv_heads * capacity * head_dim, checked against overflow at construction.
   std::size_t side_elements() const noexcept { return side_elements_; }
   /// The derived store's class name, for messages.
@@ -260,8 +263,9 @@ class slotted_kv_cache_store : public kv_cache_store {
 /// The default store: per layer one traced buffer per side laid out [kv_heads][capacity][head_dim]
 /// (head stride capacity * head_dim), allocated at construction; nothing is allocated after.
 /// Slots as slotted_kv_cache_store. key_type/value_type f16 and bf16 are stored rounded to
-/// nearest even and read back as f32; windows are views of the stored type.
-class default_kv_cache_store final : public slotted_kv_cache_store {
+/// nearest even and read back as f32; windows are views of the stored type. A derived store
+/// (the pool's dense layers) lays the same rows over memory it maps itself.
+class default_kv_cache_store : public slotted_kv_cache_store {
  public:
   /// Validates config and options (std::invalid_argument naming the field) and allocates
   /// 2 * layers traced buffers; O(layers * capacity * kv_heads * head_dim) to zero-fill.
@@ -298,15 +302,31 @@ class default_kv_cache_store final : public slotted_kv_cache_store {
   const storage& key_storage(std::size_t layer) const;
   const storage& value_storage(std::size_t layer) const;
 
+ protected:
+  /// One layer's memory: the first byte of its keys' and of its values' rows.
+  struct layer_memory {
+    std::byte* keys = nullptr;
+    std::byte* values = nullptr;
+  };
+  /// Over `memory` (one entry a layer, [kv_heads][capacity][head_dim] each side), which the
+  /// derived store keeps and maps; nothing is allocated or zero-filled, key_storage() is empty.
+  /// Validates as the public constructor, naming `name` (a static string); O(layers).
+  default_kv_cache_store(kv_cache_config config, store_options options,
+                         std::span<const layer_memory> memory, const char* name, trace::sink& sink);
+  /// Called by append after its checks and before it writes `slot` of `layer`: a derived store
+  /// makes that slot's rows writable here (it may throw; nothing has changed). Default: nothing.
+  virtual void prepare_write(std::size_t layer, std::size_t slot);
+
  private:
   friend struct detail::snapshot_access<default_kv_cache_store>;
 
   struct layer_buffers {
     storage keys;
     storage values;
+    layer_memory at;  // keys.data(), values.data(), or a derived store's memory
   };
 
-  tensor_view view_of(const storage& side, dtype type, const slot_run& r) const;
+  tensor_view view_of(const std::byte* side, dtype type, const slot_run& r) const;
   windowed_kv window(kv_side side, std::size_t layer, std::size_t from, std::size_t to) const;
   void read(kv_side side, const char* who, std::size_t layer, std::size_t from, std::size_t to,
             std::span<float> out) const;

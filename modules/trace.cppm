@@ -30,16 +30,19 @@ export namespace ringkv::trace {
 struct allocation {
   std::string_view site;
   std::size_t bytes = 0;
+  std::uint64_t sequence = 0;  // the pool sequence it concerns (kv_cache_pool); 0: none
 };
 struct release {
   std::string_view site;
   std::size_t bytes = 0;
+  std::uint64_t sequence = 0;  // the pool sequence it concerns (kv_cache_pool); 0: none
 };
 /// A copy that changes layout or format on a kernel's path (e.g. "gather-kv-window").
 struct adapter_inserted {
   std::string_view kind;
   std::string_view target;
   std::size_t bytes = 0;
+  std::uint64_t sequence = 0;  // the pool sequence it concerns (kv_cache_pool); 0: none
 };
 struct scope_reset {
   std::size_t live_before = 0;
@@ -50,6 +53,7 @@ struct kernel_run {
   std::size_t bytes_read = 0;
   std::size_t bytes_written = 0;
   std::int64_t nanos = 0;
+  std::uint64_t sequence = 0;  // the pool sequence it concerns (kv_cache_pool); 0: none
 };
 
 using event = std::variant<allocation, release, adapter_inserted, scope_reset, kernel_run>;
@@ -68,6 +72,21 @@ class sink {
 
 /// A process-wide sink that is never enabled; O(1), no allocation.
 sink& null_sink() noexcept;
+
+/// Forwards every event to another sink with its `sequence` set: what one sequence of a pool
+/// emits (its stores, and attention given this sink) names it. O(1) an event, no allocation.
+class sequence_sink final : public sink {
+ public:
+  sequence_sink(sink& to, std::uint64_t sequence) noexcept : to_(&to), sequence_(sequence) {}
+  bool enabled() const noexcept override { return to_->enabled(); }
+  bool wants_kernel_runs() const noexcept override { return to_->wants_kernel_runs(); }
+  void emit(const event& e) override;
+  std::uint64_t sequence() const noexcept { return sequence_; }
+
+ private:
+  sink* to_;
+  std::uint64_t sequence_;
+};
 
 /// An event with the time it was recorded (nanoseconds since the recorder was created).
 struct stamped_event {

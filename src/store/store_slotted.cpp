@@ -211,4 +211,15 @@ memory_report slotted_kv_cache_store::report(std::size_t key_bytes, std::size_t 
   return r;
 }
 
+void slotted_kv_cache_store::copy_positions(const slotted_kv_cache_store& from) {
+  const kv_cache_config& a = config_;
+  const kv_cache_config& b = from.config_;
+  if (a.layers != b.layers || a.kv_heads != b.kv_heads || a.head_dim != b.head_dim ||
+      a.capacity != b.capacity || options_.sliding_window != from.options_.sliding_window ||
+      options_.keep != from.options_.keep || options_.slack != from.options_.slack)
+    throw std::invalid_argument(std::string(name_) +
+                                "::copy_positions: the stores' configs or options differ");
+  layers_ = from.layers_;
+}
+
 }  // namespace ringkv

@@ -56,6 +56,16 @@ sink& null_sink() noexcept {
   return s;
 }
 
+void sequence_sink::emit(const event& e) {
+  event tagged = e;
+  std::visit(
+      [this](auto& x) {
+        if constexpr (requires { x.sequence; }) x.sequence = sequence_;
+      },
+      tagged);
+  to_->emit(tagged);
+}
+
 recorder::recorder(std::size_t capacity, bool kernel_runs) : kernel_runs_(kernel_runs) {
   if (capacity == 0) throw std::invalid_argument("ringkv::trace::recorder: capacity must be > 0");
   ring_.resize(capacity);
