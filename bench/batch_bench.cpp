@@ -8,9 +8,14 @@
 //   single_2   B step calls each split over the pool of 2 (the single-sequence split, beside)
 // Each iteration appends one token to every sequence's ring (its window keeps its size). Ratios
 // to read: batch ÷ singles (per-batch overhead), batch ÷ batch_2 (what a second thread gives a
-// batch), singles ÷ single_2 (what it gives one sequence's step). Only a release build's numbers
-// mean anything. Re-measure: build/release/bench/batch_bench
-//   --benchmark_enable_random_interleaving=true --benchmark_repetitions=5
+// batch), singles ÷ single_2 (what it gives one sequence's step).
+// The pool's bookkeeping (pool/...): B = 16 sequences whose one dense layer holds 4096-4351
+// positions, one attend_batch a step on this thread, over default dense stores (`stores`) or a
+// kv_cache_pool's dense group in blocks of 256 (`pool`: a block mapped every 256 steps, the lock,
+// the write hook); every 256 steps both truncate back to 4096 (the pool returning blocks). Ratio
+// to read: pool ÷ stores. Only a release build's numbers mean anything. Re-measure:
+//   build/release/bench/batch_bench --benchmark_enable_random_interleaving=true
+//   --benchmark_repetitions=5 [--benchmark_filter=^pool/]
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -86,6 +91,68 @@ batch& batch_for(std::size_t b, std::size_t w, std::size_t kv, ringkv::dtype typ
 
 enum variant : std::uint8_t { singles, whole, whole_2, single_2 };
 
+constexpr std::size_t pool_sequences = 16, dense_length = 4096, regrow = 256;
+
+/// B dense sequences of one shape, in default stores or in a pool, with their layers and rows.
+struct dense_batch {
+  std::unique_ptr<ringkv::kv_cache_pool> pool;
+  std::vector<std::unique_ptr<ringkv::kv_cache_store>> own;
+  std::vector<ringkv::kv_cache_store*> stores;
+  std::vector<std::unique_ptr<ringkv::layer_attention>> layers;
+  std::vector<float> q, k, v, out;
+  std::vector<ringkv::batch_entry> entries;
+};
+
+dense_batch& dense_batch_for(bool pooled, std::size_t kv, ringkv::dtype type) {
+  static std::map<std::tuple<bool, std::size_t, ringkv::dtype>, std::unique_ptr<dense_batch>> made;
+  auto& slot = made[{pooled, kv, type}];
+  if (slot) return *slot;
+  slot = std::make_unique<dense_batch>();
+  dense_batch& x = *slot;
+  const ringkv::kv_cache_config c{.layers = 1,
+                                  .kv_heads = kv,
+                                  .head_dim = head_dim,
+                                  .capacity = 2 * dense_length,
+                                  .key_type = type,
+                                  .value_type = type};
+  if (pooled)
+    x.pool = std::make_unique<ringkv::kv_cache_pool>(std::size_t(3) << 30,
+                                                     std::vector<ringkv::kv_pool_group>{{c, {}}});
+  const std::size_t qw = q_heads * head_dim, kw = kv * head_dim;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  for (auto* rows : {&x.q, &x.k, &x.v}) {
+    rows->resize(pool_sequences * (rows == &x.q ? qw : kw));
+    for (float& e : *rows) e = normal(rng);
+  }
+  x.out.resize(pool_sequences * qw);
+  for (std::size_t i = 0; i < pool_sequences; ++i) {
+    if (pooled) {
+      x.stores.push_back(&x.pool->store(x.pool->add()));
+    } else {
+      x.own.push_back(std::make_unique<ringkv::default_kv_cache_store>(c));
+      x.stores.push_back(x.own.back().get());
+    }
+    for (std::size_t t = 0; t < dense_length; ++t)
+      x.stores.back()->append(0, std::span(x.k).first(kw), std::span(x.v).first(kw));
+    x.layers.push_back(std::make_unique<ringkv::layer_attention>(*x.stores.back(), 0));
+    x.entries.push_back({x.layers.back().get(), std::span(x.q).subspan(i * qw, qw),
+                         std::span(x.k).subspan(i * kw, kw), std::span(x.v).subspan(i * kw, kw),
+                         std::span(x.out).subspan(i * qw, qw)});
+  }
+  return x;
+}
+
+void run_dense(benchmark::State& state, bool pooled, std::size_t kv, ringkv::dtype type) {
+  dense_batch& x = dense_batch_for(pooled, kv, type);
+  for (auto _ : state) {
+    ringkv::attend_batch(x.entries);
+    if (x.stores[0]->length(0) == dense_length + regrow)
+      for (ringkv::kv_cache_store* s : x.stores) s->truncate(0, dense_length);
+    benchmark::DoNotOptimize(x.out.data());
+  }
+}
+
 void run(benchmark::State& state, variant which, std::size_t b, std::size_t w, std::size_t kv,
          ringkv::dtype type) {
   batch& x = batch_for(b, w, kv, type);
@@ -127,6 +194,17 @@ int main(int argc, char** argv) {
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime();
           }
+  for (const ringkv::dtype type : {ringkv::dtype::f32, ringkv::dtype::f16})
+    for (const std::size_t kv : {8, 2})
+      for (const bool pooled : {false, true}) {
+        const std::string name = "pool/" + std::string(ringkv::name_of(type)) +
+                                 "/kv:" + std::to_string(kv) + "/B:16/" +
+                                 (pooled ? "pool" : "stores");
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& s) { run_dense(s, pooled, kv, type); })
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 }

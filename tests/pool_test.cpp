@@ -254,6 +254,17 @@ BOOST_AUTO_TEST_CASE(a_saved_sequence_loads_into_another_pool_with_the_same_rows
   }
   check_twin(to, loaded, t);
 
+  // A pool without room for its rows refuses it before taking anything: 170 dense positions
+  // need 3 blocks a side and head, 12 of 8 KiB.
+  ringkv::kv_cache_pool small(ring_bytes() + 11 * 8192, shape(), blocks_of_64);
+  std::istringstream too_big(bytes);
+  BOOST_CHECK_EXCEPTION(
+      small.load(too_big), ringkv::pool_budget_exceeded, [](const ringkv::pool_budget_exceeded& e) {
+        return e.asked() == ring_bytes() + 12 * 8192 && e.free() == ring_bytes() + 11 * 8192;
+      });
+  BOOST_TEST(small.memory().in_use == 0u);
+  BOOST_TEST(small.sequences().empty());
+
   // A pool of another shape refuses it and adds nothing.
   std::vector<ringkv::kv_pool_group> other = shape();
   other[0].options.keep = 1;

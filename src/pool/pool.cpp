@@ -316,20 +316,17 @@ struct kv_cache_pool::state {
                               str(id) + " (ids of live sequences only)");
     return *it->second;
   }
-  /// A new sequence charged `rings` bytes, with no stores yet; throws pool_budget_exceeded.
-  std::unique_ptr<pool_sequence> open(const std::string& what) {
-    const auto named = [&] { return what; };
+  /// A new sequence, nothing charged yet (its id is taken: ids are never reused).
+  std::unique_ptr<pool_sequence> fresh() { return std::make_unique<pool_sequence>(*sink, next++); }
+  /// Charges `q` its rings, refusing (pool_budget_exceeded, nothing charged) unless they and
+  /// `units` blocks more fit; O(groups).
+  void charge(pool_sequence& q, const std::string& what, std::size_t units = 0) {
     const std::size_t rings = std::accumulate(ring_bytes.begin(), ring_bytes.end(), std::size_t(0));
-    auto s = std::make_unique<pool_sequence>(*sink, next);
-    {
-      const std::lock_guard hold(book->arena.lock());
-      book->admit(named, rings, 0);
-      book->ring_bytes += rings;
-    }
-    s->ring_bytes = rings;
-    s->book = book.get();
-    ++next;
-    return s;
+    const std::lock_guard hold(book->arena.lock());
+    book->admit([&] { return what; }, rings + units * book->arena.unit_bytes(), units);
+    book->ring_bytes += rings;
+    q.ring_bytes = rings;
+    q.book = book.get();
   }
   std::unique_ptr<pooled_dense_store> dense(std::size_t g, pool_sequence& s) const {
     return std::make_unique<pooled_dense_store>(groups[g].config, block[g], *book, s.sink);
@@ -383,7 +380,8 @@ kv_cache_pool::~kv_cache_pool() = default;
 
 sequence_id kv_cache_pool::add() {
   state& s = *state_;
-  std::unique_ptr<pool_sequence> q = s.open("add");
+  std::unique_ptr<pool_sequence> q = s.fresh();
+  s.charge(*q, "add");
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     if (s.groups[g].options.sliding_window)
       q->groups.push_back(make_ring(s.groups[g], q->sink));
@@ -396,7 +394,8 @@ sequence_id kv_cache_pool::add() {
 sequence_id kv_cache_pool::fork(sequence_id parent) {
   state& s = *state_;
   pool_sequence& from = s.find("fork", parent);
-  std::unique_ptr<pool_sequence> q = s.open("fork of sequence " + str(parent));
+  std::unique_ptr<pool_sequence> q = s.fresh();
+  s.charge(*q, "fork of sequence " + str(parent));
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     if (s.groups[g].options.sliding_window) {
       // A ring is at most W rows: copied through the snapshot codec, which knows every store
@@ -503,35 +502,51 @@ sequence_id kv_cache_pool::load(std::istream& in) {
     throw snapshot_error("ringkv::kv_cache_pool::load: " + str(groups) + " groups, the pool has " +
                              str(s.groups.size()),
                          8);
-  std::unique_ptr<pool_sequence> q = s.open("load");
+  // Every group read and checked, and the budget asked for its rings and blocks, before the
+  // sequence takes anything of the pool.
+  std::unique_ptr<pool_sequence> q = s.fresh();
+  std::vector<std::unique_ptr<kv_cache_store>> got;
+  std::size_t units = 0;
   for (std::size_t g = 0; g < s.groups.size(); ++g) {
     const kv_pool_group& want = s.groups[g];
-    std::unique_ptr<kv_cache_store> got = ringkv::load(in, q->sink, s.book->budget);
+    got.push_back(ringkv::load(in, q->sink, s.book->budget));
+    const kv_cache_store& r = *got.back();
     const auto refuse = [&](const std::string& what) {
       throw snapshot_error("ringkv::kv_cache_pool::load: group " + str(g) + ": " + what, 0);
     };
-    if (!same_shape(got->config(), want.config))
-      refuse("layers, kv heads, head_dim or types differ");
+    if (!same_shape(r.config(), want.config)) refuse("layers, kv heads, head_dim or types differ");
     if (want.options.sliding_window) {
-      const store_options o = got->options();
-      const std::optional<windowed_kv> rows = got->stored_window(kv_side::keys, 0, 0, 0);
+      const store_options o = r.options();
+      const std::optional<windowed_kv> rows = r.stored_window(kv_side::keys, 0, 0, 0);
       // An empty element window names no element type (same_shape compared the config's).
       const bool same_rows = rows && rows->compressed() == want.codes.has_value() &&
                              (!want.codes || rows->encoding() == rows_of(want));
-      if (got->config().capacity != want.config.capacity || !o.sliding_window ||
+      if (r.config().capacity != want.config.capacity || !o.sliding_window ||
           o.keep != want.options.keep || o.slack != want.options.slack || !same_rows)
         refuse("a ring of another capacity, keep, slack or row format");
-      q->groups.push_back(std::move(got));
+      continue;
+    }
+    for (std::size_t l = 0; l < r.config().layers; ++l) {
+      if (r.length(l) > want.config.capacity)
+        refuse(str(r.length(l)) + " positions past the group's capacity " +
+               str(want.config.capacity));
+      units += 2 * want.config.kv_heads * ((r.length(l) + s.block[g] - 1) / s.block[g]);
+    }
+  }
+  s.charge(*q, "load", units);
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    if (s.groups[g].options.sliding_window) {
+      q->groups.push_back(std::move(got[g]));
       continue;
     }
     auto d = s.dense(g, *q);
-    const kv_cache_config c = got->config();
+    const kv_cache_store& r = *got[g];
+    const kv_cache_config c = r.config();
     std::vector<float> k(c.row_floats() * c.capacity), v(k.size());
     for (std::size_t l = 0; l < c.layers; ++l) {
-      const std::size_t n = got->length(l);
-      if (n > want.config.capacity) refuse(str(n) + " positions past the group's capacity");
-      got->read_keys(l, 0, n, std::span(k).first(c.row_floats() * n));
-      got->read_values(l, 0, n, std::span(v).first(c.row_floats() * n));
+      const std::size_t n = r.length(l);
+      r.read_keys(l, 0, n, std::span(k).first(c.row_floats() * n));
+      r.read_values(l, 0, n, std::span(v).first(c.row_floats() * n));
       append_positions(*d, l, n, k, v);
     }
     q->groups.push_back(std::move(d));
