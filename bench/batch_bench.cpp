@@ -12,8 +12,9 @@
 // The pool's bookkeeping (pool/...): B = 16 sequences whose one dense layer holds 4096-4351
 // positions, one attend_batch a step on this thread, over default dense stores (`stores`) or a
 // kv_cache_pool's dense group in blocks of 256 (`pool`: a block mapped every 256 steps, the lock,
-// the write hook); every 256 steps both truncate back to 4096 (the pool returning blocks). Ratio
-// to read: pool ÷ stores. Only a release build's numbers mean anything. Re-measure:
+// the write hook); every 256 steps both truncate back to 4096, untimed. The
+// `_append` variants only append the step's rows (no attention): the bookkeeping is
+// (pool_append - stores_append) ÷ stores, the per-step cost the pool adds over plain stores. Only a release build's numbers mean anything. Re-measure:
 //   build/release/bench/batch_bench --benchmark_enable_random_interleaving=true
 //   --benchmark_repetitions=5 [--benchmark_filter=^pool/]
 #include <benchmark/benchmark.h>
@@ -143,12 +144,20 @@ dense_batch& dense_batch_for(bool pooled, std::size_t kv, ringkv::dtype type) {
   return x;
 }
 
-void run_dense(benchmark::State& state, bool pooled, std::size_t kv, ringkv::dtype type) {
+void run_dense(benchmark::State& state, bool pooled, bool attend, std::size_t kv,
+               ringkv::dtype type) {
   dense_batch& x = dense_batch_for(pooled, kv, type);
   for (auto _ : state) {
-    ringkv::attend_batch(x.entries);
-    if (x.stores[0]->length(0) == dense_length + regrow)
+    if (attend) {
+      ringkv::attend_batch(x.entries);
+    } else {
+      for (const ringkv::batch_entry& e : x.entries) e.layer->store().append(0, e.keys, e.values);
+    }
+    if (x.stores[0]->length(0) == dense_length + regrow) {
+      state.PauseTiming();  // once every `regrow` steps: a decode step never truncates
       for (ringkv::kv_cache_store* s : x.stores) s->truncate(0, dense_length);
+      state.ResumeTiming();
+    }
     benchmark::DoNotOptimize(x.out.data());
   }
 }
@@ -196,15 +205,16 @@ int main(int argc, char** argv) {
           }
   for (const ringkv::dtype type : {ringkv::dtype::f32, ringkv::dtype::f16})
     for (const std::size_t kv : {8, 2})
-      for (const bool pooled : {false, true}) {
-        const std::string name = "pool/" + std::string(ringkv::name_of(type)) +
-                                 "/kv:" + std::to_string(kv) + "/B:16/" +
-                                 (pooled ? "pool" : "stores");
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [=](benchmark::State& s) { run_dense(s, pooled, kv, type); })
-            ->Unit(benchmark::kMicrosecond)
-            ->UseRealTime();
-      }
+      for (const bool attend : {true, false})
+        for (const bool pooled : {false, true}) {
+          const std::string name = "pool/" + std::string(ringkv::name_of(type)) +
+                                   "/kv:" + std::to_string(kv) + "/B:16/" +
+                                   (pooled ? "pool" : "stores") + (attend ? "" : "_append");
+          benchmark::RegisterBenchmark(
+              name.c_str(), [=](benchmark::State& s) { run_dense(s, pooled, attend, kv, type); })
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 }
