@@ -240,8 +240,9 @@ struct batch_entry {
 /// then runs inline). Every output row is bit-identical to that entry's own step or prefill,
 /// whatever the batch's size and order, the other members, their formats and windows, and the
 /// thread count: an entry's arithmetic is fixed by its own window, never by the batch. Checks
-/// every entry first (as step / prefill do, and that no two entries share a layer of a store):
-/// a refusal leaves every store and every out untouched. A batch one of whose layers has an
+/// every entry first (as step / prefill do, and that no two entries share a layer of a store),
+/// then reserves each entry's rows (kv_cache_store::reserve: a pool's budget refuses there): a
+/// refusal leaves every store's positions and rows and every out untouched. A batch one of whose layers has an
 /// enabled sink runs on the calling thread, entry after entry, so events arrive in order on a
 /// sink that takes them from one thread (trace::recorder). No allocation once each entry's layer
 /// is warm. O(Σ entry work / threads).

@@ -1,6 +1,7 @@
 #define BOOST_TEST_MODULE pool
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -339,6 +340,27 @@ BOOST_AUTO_TEST_CASE(a_batch_over_pool_sequences_gives_each_the_bits_it_gets_alo
     }
   }
   BOOST_TEST(allocations == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_batch_the_budget_cannot_hold_appends_nothing) {
+  const std::size_t block = 2 * 2 * 8192;  // a block of both sides and kv heads
+  ringkv::kv_cache_pool pool(2 * ring_bytes() + 2 * block, shape(), blocks_of_64);
+  const ringkv::sequence_id a = pool.add(), b = pool.add();
+  twin ta, tb;
+  for (std::uint32_t t = 0; t < 10; ++t) ta.feed(pool, a, t);
+  for (std::uint32_t t = 0; t < 64; ++t) tb.feed(pool, b, 100 + t);  // b's block is full
+  ringkv::layer_attention la(pool.store(a, 1), 0), lb(pool.store(b, 1), 0);
+  const std::vector<float> r = token_rows(9);
+  const std::span<const float> all(r);
+  std::vector<float> q(2 * row, 0.5f), out(4 * row, 7.0f);
+  const std::vector<ringkv::batch_entry> entries{
+      {&la, q, all.first(row), all.subspan(row, row), std::span(out).first(2 * row)},
+      {&lb, q, all.first(row), all.subspan(row, row), std::span(out).subspan(2 * row)}};
+  // a's row fits its block; b's needs a new one, and none is free: refused before a appends.
+  BOOST_CHECK_THROW(ringkv::attend_batch(entries), ringkv::pool_budget_exceeded);
+  check_twin(pool, a, ta);
+  check_twin(pool, b, tb);
+  BOOST_TEST(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.0f; }));
 }
 
 BOOST_AUTO_TEST_CASE(a_pool_refuses_what_it_cannot_hold_by_name) {

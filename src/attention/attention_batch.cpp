@@ -62,6 +62,12 @@ void attend_batch(std::span<const batch_entry> entries, thread_pool* pool) {
     check(entries, i);
     traced = traced || entries[i].layer->sink().enabled();
   }
+  // Memory for every entry's rows (a pool's dense blocks) before any entry appends: a budget
+  // refuses here, leaving every store's positions and rows as they were.
+  for (const batch_entry& e : entries) {
+    kv_cache_store& store = e.layer->store();
+    store.reserve(e.layer->layer(), e.keys.size() / store.config().row_floats());
+  }
   if (pool == nullptr || pool->size() <= 1 || entries.size() <= 1 || traced) {
     for (const batch_entry& e : entries) run(e);
     return;

@@ -140,37 +140,57 @@ class pooled_dense_store final : private dense_ranges, public default_kv_cache_s
   }
 
  protected:
-  /// Maps a block of its own under `slot` on both sides: a new one, or a copy of one another
-  /// sequence shares. All or nothing: the budget is checked for every unit first.
   void prepare_write(std::size_t layer, std::size_t slot) override {
-    const std::size_t b = slot / block_;
-    if (exclusive_[layer] == b) return;
-    const std::lock_guard hold(book_->arena.lock());
-    const std::size_t heads = config().kv_heads;
-    std::size_t need = 0;
-    for (std::size_t s = 0; s < 2; ++s)
-      for (std::size_t h = 0; h < heads; ++h) need += owned(layer, s, h * blocks_ + b) ? 0 : 1;
-    book_->admit(
-        [&] { return "appending position " + str(slot) + " of dense layer " + str(layer); },
-        need * book_->arena.unit_bytes(), need);
-    for (std::size_t s = 0; s < 2; ++s)
-      for (std::size_t h = 0; h < heads; ++h) {
-        const std::size_t i = h * blocks_ + b;
-        if (owned(layer, s, i)) continue;
-        const unit old = units_[layer][s][i];
-        const unit fresh = book_->arena.take();
-        if (old != no_unit)  // copy-on-write: the rows before `slot` in this block
-          std::memcpy(book_->arena.bytes_of(fresh), book_->arena.bytes_of(old), chunk_[s]);
-        book_->arena.map(at(layer, s, i), fresh, chunk_[s]);
-        if (old != no_unit) book_->arena.drop(old);
-        units_[layer][s][i] = fresh;
-        if (sink().enabled())
-          sink().emit(trace::allocation{"kv-pool-block", book_->arena.unit_bytes()});
-      }
-    exclusive_[layer] = b;
+    if (exclusive_[layer] != slot / block_) own_blocks(layer, slot, slot + 1);
+  }
+
+ public:
+  /// Takes the blocks of positions [length, length + positions), within the capacity (appends
+  /// past it are refused as cache_full by append itself).
+  void reserve(std::size_t layer, std::size_t positions) override {
+    check_layer("kv_cache_pool dense group::reserve", layer);
+    const std::size_t from = length(layer);
+    const std::size_t to = from + std::min(positions, config().capacity - from);
+    if (to > from) own_blocks(layer, from, to);
   }
 
  private:
+  /// Maps blocks of its own under slots [from, to) on both sides: a new one, or a copy of one
+  /// another sequence shares. All or nothing: the budget is asked for every unit first.
+  void own_blocks(std::size_t layer, std::size_t from, std::size_t to) {
+    const std::size_t first = from / block_, last = (to - 1) / block_;
+    const std::lock_guard hold(book_->arena.lock());
+    const std::size_t heads = config().kv_heads;
+    std::size_t need = 0;
+    for (std::size_t b = first; b <= last; ++b)
+      for (std::size_t s = 0; s < 2; ++s)
+        for (std::size_t h = 0; h < heads; ++h) need += owned(layer, s, h * blocks_ + b) ? 0 : 1;
+    book_->admit(
+        [&] {
+          return "appending positions " + str(from) + ".." + str(to - 1) + " of dense layer " +
+                 str(layer);
+        },
+        need * book_->arena.unit_bytes(), need);
+    for (std::size_t b = first; b <= last; ++b)
+      for (std::size_t s = 0; s < 2; ++s)
+        for (std::size_t h = 0; h < heads; ++h) own(layer, s, h * blocks_ + b);
+    exclusive_[layer] = last;
+  }
+  /// Makes unit i of a side of `layer` mapped and held alone (a copy of a shared one's rows);
+  /// callers hold the lock and admitted it. O(block).
+  void own(std::size_t layer, std::size_t s, std::size_t i) {
+    if (owned(layer, s, i)) return;
+    const unit old = units_[layer][s][i];
+    const unit fresh = book_->arena.take();
+    if (old != no_unit)  // copy-on-write: the rows already in this block
+      std::memcpy(book_->arena.bytes_of(fresh), book_->arena.bytes_of(old), chunk_[s]);
+    book_->arena.map(at(layer, s, i), fresh, chunk_[s]);
+    if (old != no_unit) book_->arena.drop(old);
+    units_[layer][s][i] = fresh;
+    if (sink().enabled())
+      sink().emit(trace::allocation{"kv-pool-block", book_->arena.unit_bytes()});
+  }
+
   static constexpr std::size_t no_block = ~std::size_t(0);
 
   static dense_ranges reserve(const kv_cache_config& c) {

@@ -93,6 +93,8 @@ windowed_kv kv_cache_store::value_window(std::size_t layer, std::size_t from, st
   return copied_window(kv_side::values, layer, from, to, arena);
 }
 
+void kv_cache_store::reserve(std::size_t, std::size_t) {}
+
 std::optional<windowed_kv> kv_cache_store::stored_window(kv_side, std::size_t, std::size_t,
                                                          std::size_t) const {
   return std::nullopt;
