@@ -63,8 +63,11 @@ std::vector<float> normal_rows(std::mt19937& rng, std::size_t n) {
 }
 
 /// `count` sequences of random kinds and shapes, each twin pair given the same random prefix of
-/// 0–60 tokens (so rings sit at every phase), layer 1 of each store attended.
-std::vector<sequence> make_sequences(std::mt19937& rng, std::size_t count) {
+/// 0–60 tokens (so rings sit at every phase), layer 1 of each store attended. With a pool, some
+/// batched layers split over it themselves (a batch runs an entry with more than a thread's
+/// share of the work that way, on its own).
+std::vector<sequence> make_sequences(std::mt19937& rng, std::size_t count,
+                                     ringkv::thread_pool* pool = nullptr) {
   std::vector<sequence> out(count);
   for (sequence& s : out) {
     const std::uint32_t seed = rng();
@@ -80,7 +83,9 @@ std::vector<sequence> make_sequences(std::mt19937& rng, std::size_t count) {
     const std::size_t keep = s.alone_store->options().keep;
     const ringkv::layer_options o{.window = keep + 1 + rng() % (limit - keep), .sinks = s.sinks};
     s.alone = std::make_unique<ringkv::layer_attention>(*s.alone_store, 1, o);
-    s.batched = std::make_unique<ringkv::layer_attention>(*s.batched_store, 1, o);
+    ringkv::layer_options split = o;
+    if (rng() % 2) split.pool = pool;
+    s.batched = std::make_unique<ringkv::layer_attention>(*s.batched_store, 1, split);
     const std::size_t prefix = s.alone_store->options().sliding_window ? rng() % 61 : rng() % 20;
     const auto q = normal_rows(rng, prefix * s.q_width), k = normal_rows(rng, prefix * s.kv_width),
                v = normal_rows(rng, prefix * s.kv_width);
@@ -121,7 +126,7 @@ BOOST_AUTO_TEST_CASE(every_entry_of_a_random_batch_gives_the_bits_it_gets_alone)
     ringkv::default_thread_pool pool(threads);
     for (const std::size_t count : {1, 7, 64}) {
       std::mt19937 rng(std::uint32_t(1000 * threads + count));
-      std::vector<sequence> seqs = make_sequences(rng, count);
+      std::vector<sequence> seqs = make_sequences(rng, count, &pool);
       for (int round = 0; round < 4; ++round) {
         // A random subset of the sequences, in shuffled order, decode steps and chunks mixed.
         std::vector<std::size_t> members;

@@ -1,6 +1,7 @@
 // attend_batch: a batch of sequences' layers attended in one call, each entry exactly its own
 // step or prefill (the batch never enters an entry's arithmetic), the entries spread over a pool.
 module;
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -47,6 +48,14 @@ void check(std::span<const batch_entry> entries, std::size_t i) {
                      " positions of its dense store");
 }
 
+/// Multiply-adds of an entry's scores, to weigh it against the batch: queries × the positions
+/// each sees (at most the window); O(1).
+std::size_t work(const batch_entry& e) {
+  const std::size_t tokens = e.keys.size() / e.layer->store().config().row_floats();
+  const std::size_t seen = e.layer->store().length(e.layer->layer()) + tokens;
+  return e.queries.size() * std::min(seen, e.layer->window());
+}
+
 void run(const batch_entry& e) {
   if (one_token(e))
     e.layer->step({e.queries, e.keys, e.values}, e.out);
@@ -72,7 +81,20 @@ void attend_batch(std::span<const batch_entry> entries, thread_pool* pool) {
     for (const batch_entry& e : entries) run(e);
     return;
   }
-  pool->parallel_for(entries.size(), [&](std::size_t i) { run(entries[i]); });
+  // An entry with more than a thread's share of the work whose layer splits over this same pool
+  // runs first on its own, split by kv head and segment or tile (its own split, so its bits);
+  // the others go whole to the threads. The batch decides the schedule, never the arithmetic.
+  std::size_t total = 0;
+  for (const batch_entry& e : entries) total += work(e);
+  const std::size_t share = total / pool->size();
+  const auto alone = [&](const batch_entry& e) {
+    return e.layer->options().pool == pool && work(e) > share;
+  };
+  for (const batch_entry& e : entries)
+    if (alone(e)) run(e);
+  pool->parallel_for(entries.size(), [&](std::size_t i) {
+    if (!alone(entries[i])) run(entries[i]);
+  });
 }
 
 void layer_attention::check_chunk(std::span<const float> queries, std::span<const float> keys,
