@@ -6,6 +6,10 @@
 //   batch      one attend_batch of the B entries on this thread
 //   batch_2    one attend_batch over a default_thread_pool(2)
 //   single_2   B step calls each split over the pool of 2 (the single-sequence split, beside)
+//   floor      each entry's K and V read once with its multiply-adds (stream_read.h), on this
+//   floor_2    thread / spread over the pool of 2: what a second thread can give those bytes
+//   peak       B tasks of FMA chains alone (~10 µs each, a W 256 entry's time), on this thread /
+//   peak_2     over the pool of 2: what a second thread gives arithmetic through this pool
 // Each iteration appends one token to every sequence's ring (its window keeps its size). Ratios
 // to read: batch ÷ singles (per-batch overhead), batch ÷ batch_2 (what a second thread gives a
 // batch), singles ÷ single_2 (what it gives one sequence's step).
@@ -18,6 +22,8 @@
 //   build/release/bench/batch_bench --benchmark_enable_random_interleaving=true
 //   --benchmark_repetitions=5 [--benchmark_filter=^pool/]
 #include <benchmark/benchmark.h>
+
+#include "stream_read.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -90,7 +96,21 @@ batch& batch_for(std::size_t b, std::size_t w, std::size_t kv, ringkv::dtype typ
   return x;
 }
 
-enum variant : std::uint8_t { singles, whole, whole_2, single_2 };
+enum variant : std::uint8_t { singles, whole, whole_2, single_2, floor_1, floor_2, peak_1, peak_2 };
+
+/// The floor of entry i's step: its window's K and V read once with the multiply-adds its query
+/// heads take (and an exp a score for f32 rows), stream_read.h's roofs.
+float entry_floor(const batch& x, std::size_t i, std::size_t kv, ringkv::dtype type) {
+  const ringkv::default_kv_cache_store& s = *x.stores[i];
+  const std::size_t n = s.key_storage(0).bytes() / ringkv::size_of(type), group = q_heads / kv;
+  if (type == ringkv::dtype::f16)
+    return ringkv_bench::stream_fma_pair_f16(s.key_storage(0).as<std::uint16_t>().data(),
+                                             s.value_storage(0).as<std::uint16_t>().data(), n,
+                                             group);
+  return ringkv_bench::stream_fma_exp_pair(s.key_storage(0).as<float>().data(),
+                                           s.value_storage(0).as<float>().data(), n, group,
+                                           head_dim);
+}
 
 constexpr std::size_t pool_sequences = 16, dense_length = 4096, regrow = 256;
 
@@ -180,6 +200,21 @@ void run(benchmark::State& state, variant which, std::size_t b, std::size_t w, s
       case whole_2:
         ringkv::attend_batch(x.entries, &pool_of_two());
         break;
+      case floor_1:
+        for (std::size_t i = 0; i < b; ++i) benchmark::DoNotOptimize(entry_floor(x, i, kv, type));
+        break;
+      case floor_2:
+        pool_of_two().parallel_for(
+            b, [&](std::size_t i) { benchmark::DoNotOptimize(entry_floor(x, i, kv, type)); });
+        break;
+      case peak_1:
+        for (std::size_t i = 0; i < b; ++i)
+          benchmark::DoNotOptimize(ringkv_bench::fma_chains(8000));
+        break;
+      case peak_2:
+        pool_of_two().parallel_for(
+            b, [&](std::size_t i) { benchmark::DoNotOptimize(ringkv_bench::fma_chains(8000)); });
+        break;
     }
     benchmark::DoNotOptimize(x.out.data());
   }
@@ -189,12 +224,14 @@ void run(benchmark::State& state, variant which, std::size_t b, std::size_t w, s
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  constexpr const char* names[] = {"singles", "batch", "batch_2", "single_2"};
+  constexpr const char* names[] = {"singles", "batch",   "batch_2", "single_2",
+                                   "floor",   "floor_2", "peak",    "peak_2"};
   for (const ringkv::dtype type : {ringkv::dtype::f32, ringkv::dtype::f16})
     for (const std::size_t w : {256, 4096})
       for (const std::size_t kv : {8, 2})
         for (const std::size_t b : {1, 4, 16, 64})
-          for (const variant which : {singles, whole, whole_2, single_2}) {
+          for (const variant which :
+               {singles, whole, whole_2, single_2, floor_1, floor_2, peak_1, peak_2}) {
             const std::string name = "batch/" + std::string(ringkv::name_of(type)) +
                                      "/W:" + std::to_string(w) + "/kv:" + std::to_string(kv) +
                                      "/B:" + std::to_string(b) + "/" + names[which];

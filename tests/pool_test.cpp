@@ -293,6 +293,16 @@ BOOST_AUTO_TEST_CASE(the_events_of_a_sequence_name_it) {
   BOOST_TEST(rings_of_a == 4u);   // keys and values of two ring layers
   BOOST_TEST(blocks_of_b == 4u);  // a block a side and kv head
   BOOST_TEST(released_of_a == 4u);
+
+  // Steps inside a block allocate nothing; the step that opens the next block takes its units,
+  // each an event naming b.
+  events.clear();
+  for (std::uint32_t t = 2; t <= 64; ++t) feed(pool.store(b, 0), pool.store(b, 1), t);
+  BOOST_TEST(events.size() == 0u);
+  feed(pool.store(b, 0), pool.store(b, 1), 65);
+  BOOST_TEST(events.size() == 4u);
+  for (const auto& e : events.of<ringkv::trace::allocation>())
+    BOOST_TEST((e.site == "kv-pool-block" && e.sequence == b));
 }
 
 BOOST_AUTO_TEST_CASE(a_batch_over_pool_sequences_gives_each_the_bits_it_gets_alone) {
