@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -353,9 +354,17 @@ file::file(std::vector<std::byte> bytes) : bytes_(std::move(bytes)) {
 }
 
 file file::read(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw std::runtime_error("gguf: " + path + " is a directory, not a GGUF file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("gguf: cannot open " + path);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<char> raw;
+  try {
+    raw.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    throw std::runtime_error("gguf: cannot read " + path + ": " + e.what());
+  }
   if (in.bad()) throw std::runtime_error("gguf: cannot read " + path);
   std::vector<std::byte> bytes(raw.size());
   std::memcpy(bytes.data(), raw.data(), raw.size());

@@ -162,8 +162,17 @@ model model::from(const gguf::file& f) {
         std::to_string(hp.kv_heads) + " does not divide head_count " + std::to_string(hp.heads));
   hp.head_dim = positive(f, key("attention.key_length"),
                          f.get_u32(key("attention.key_length"), std::uint32_t(hp.embd / hp.heads)));
-  if (f.get_u32(key("attention.value_length"), std::uint32_t(hp.head_dim)) != hp.head_dim)
-    throw gguf::format_error(key("attention.value_length"), 0, "must equal key_length");
+  const std::uint32_t value_length =
+      f.get_u32(key("attention.value_length"), std::uint32_t(hp.head_dim));
+  if (value_length != hp.head_dim && f.find(key("attention.key_length")) == nullptr)
+    throw gguf::format_error(key("attention.key_length"), 0,
+                             "is missing, and its default embedding_length / head_count = " +
+                                 std::to_string(hp.head_dim) + " differs from value_length " +
+                                 std::to_string(value_length));
+  if (value_length != hp.head_dim)
+    throw gguf::format_error(
+        key("attention.value_length"), 0,
+        std::to_string(value_length) + " must equal key_length " + std::to_string(hp.head_dim));
   if (f.get_u32(key("rope.dimension_count"), std::uint32_t(hp.head_dim)) != hp.head_dim)
     throw gguf::format_error(key("rope.dimension_count"), 0,
                              "partial RoPE is not supported: must equal the head dimension");
@@ -171,9 +180,17 @@ model model::from(const gguf::file& f) {
     throw gguf::format_error(key("attention.key_length"), 0, "must be even (RoPE pairs)");
   hp.rms_eps = f.get_f32(key("attention.layer_norm_rms_epsilon"));
   hp.rope_base = f.get_f32(key("rope.freq_base"), 10000.0f);
-  for (const char* k : {"rope.scaling.type", "rope.scaling.factor", "expert_count"})
+  // What llama.cpp's loader applies for these architectures and this runner does not: refused
+  // by name rather than run with logits that silently differ.
+  for (const char* k : {"rope.scaling.type", "rope.scaling.factor", "rope.scaling.attn_factor",
+                        "rope.scaling.original_context_length", "rope.scaling.yarn_log_multiplier",
+                        "attention.rope_pattern", "attention.logit_softcapping",
+                        "attention.layer_norm_epsilon", "expert_count", "expert_used_count"})
     if (f.find(key(k)) != nullptr)
       throw gguf::format_error(key(k), 0, "is not supported by this runner");
+  for (const char* t : {"rope_freqs.weight", "blk.0.attn_q.bias", "blk.0.attn_k.bias",
+                        "blk.0.attn_v.bias", "blk.0.attn_output.bias", "output_norm.bias"})
+    if (f.find_tensor(t) != nullptr) bad_tensor(t, "is not supported by this runner");
   hp.sliding.assign(hp.layers, false);
   if (hp.arch == architecture::granite_swa) {
     hp.logit_scale = f.get_f32(key("logit_scale"));

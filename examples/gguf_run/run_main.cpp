@@ -1,10 +1,12 @@
 // gguf_run: runs a granite_swa or gemma3 GGUF model on ringkv (see model.hpp): the prompt in
 // chunks, then greedy generation, each layer through one ringkv::layer_attention; prints the generated ids and prefill/decode tokens per second.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,14 @@ int main(int argc, char** argv) {
   std::vector<std::int32_t> prompt;
   std::size_t random_prompt = 0, seed = 1, generate = 8, chunk = 64, threads = 1;
   gguf_run::run_options opts;
+  // A bad option names itself, its value and what it takes, then the usage.
+  const auto bad = [](const std::string& option, const char* value, const std::string& takes) {
+    std::fprintf(stderr, "gguf_run: %s%s%s: %s\n", option.c_str(), value ? " " : "",
+                 value ? value : "", takes.c_str());
+    usage(stderr);
+    return 2;
+  };
+  const std::string count = "takes a whole number";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -50,52 +60,52 @@ int main(int argc, char** argv) {
       opts.gelu_f16_table = true;
       continue;
     }
+    const bool known = a == "--model" || a == "--logits" || a == "--random-prompt" ||
+                       a == "--seed" || a == "--generate" || a == "--chunk" || a == "--threads" ||
+                       a == "--cache" || a == "--prompt";
+    if (!known) return bad(a, nullptr, "is not an option");
     const char* v = i + 1 < argc ? argv[++i] : nullptr;
-    bool ok = v != nullptr;
-    if (!ok) {
-    } else if (a == "--model")
+    if (v == nullptr) return bad(a, nullptr, "needs a value");
+    if (a == "--model") {
       model_path = v;
-    else if (a == "--logits")
+    } else if (a == "--logits") {
       logits_path = v;
-    else if (a == "--random-prompt")
-      ok = parse_count(v, random_prompt, 1);
-    else if (a == "--seed")
-      ok = parse_count(v, seed);
-    else if (a == "--generate")
-      ok = parse_count(v, generate);
-    else if (a == "--chunk")
-      ok = parse_count(v, chunk, 1);
-    else if (a == "--threads")
-      ok = parse_count(v, threads, 1);
-    else if (a == "--cache") {
+    } else if (a == "--random-prompt") {
+      if (!parse_count(v, random_prompt, 1)) return bad(a, v, count + " >= 1");
+    } else if (a == "--seed") {
+      if (!parse_count(v, seed)) return bad(a, v, count);
+    } else if (a == "--generate") {
+      if (!parse_count(v, generate)) return bad(a, v, count);
+    } else if (a == "--chunk") {
+      if (!parse_count(v, chunk, 1)) return bad(a, v, count + " >= 1");
+    } else if (a == "--threads") {
+      if (!parse_count(v, threads, 1)) return bad(a, v, count + " >= 1");
+    } else if (a == "--cache") {
       const auto t = gguf_run::parse_cache_type(v);
-      ok = t.has_value();
-      if (ok) opts.cache = *t;
-    } else if (a == "--prompt") {
-      std::string s = v;
-      std::size_t p = 0;
-      while (ok && p <= s.size()) {
+      if (!t) return bad(a, v, "takes f32, f16, bf16, fp8, turboquant or int8");
+      opts.cache = *t;
+    } else {  // --prompt
+      const std::string s = v;
+      for (std::size_t p = 0; p <= s.size();) {
         const std::size_t q = std::min(s.find(',', p), s.size());
         std::size_t id = 0;
-        ok = parse_count(s.substr(p, q - p).c_str(), id) && id < (1u << 31);
+        if (!parse_count(s.substr(p, q - p).c_str(), id) || id >= (1u << 31))
+          return bad(a, v, "takes token ids separated by single commas");
         prompt.push_back(static_cast<std::int32_t>(id));
         p = q + 1;
       }
-    } else
-      ok = false;
-    if (!ok) {
-      usage(stderr);
-      return 2;
     }
   }
-  if (model_path.empty() || (prompt.empty() == (random_prompt == 0))) {
-    usage(stderr);
-    return 2;
-  }
+  if (model_path.empty()) return bad("--model", nullptr, "is required");
+  if (prompt.empty() == (random_prompt == 0))
+    return bad("--prompt / --random-prompt", nullptr, "exactly one of them is required");
   try {
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_run::model m = gguf_run::model::from(gguf::file::read(model_path));
     const auto& hp = m.hp;
+    if (opts.gelu_f16_table && hp.arch != gguf_run::architecture::gemma3)
+      throw std::invalid_argument(std::string("--gelu-f16 is for gemma3 models; this one is ") +
+                                  gguf_run::name_of(hp.arch));
     if (random_prompt > 0) {
       std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
       for (std::size_t i = 0; i < random_prompt; ++i) {

@@ -92,7 +92,8 @@ bool names(const gguf::format_error& e, const std::string& field, std::uint64_t 
          std::string(e.what()).find(words) != std::string::npos;
 }
 
-std::vector<std::byte> small_model(architecture a, std::uint64_t seed = 3) {
+/// The spec of a small model of `a`: embd 16, 2 heads of 8 over 1 kv head, window 4.
+gguf_run::model_spec small_spec(architecture a, std::uint64_t seed = 3) {
   gguf_run::model_spec s;
   s.arch = a;
   s.vocab = 16;
@@ -103,7 +104,11 @@ std::vector<std::byte> small_model(architecture a, std::uint64_t seed = 3) {
   s.ff = 24;
   s.window = 4;
   s.seed = seed;
-  return gguf_run::make_model(s).bytes();
+  return s;
+}
+
+std::vector<std::byte> small_model(architecture a, std::uint64_t seed = 3) {
+  return gguf_run::make_model(small_spec(a, seed)).bytes();
 }
 
 /// Index of the first occurrence of `text` in `b`.
@@ -298,6 +303,40 @@ BOOST_AUTO_TEST_CASE(a_model_file_missing_a_tensor_or_with_a_wrong_shape_is_refu
                           return e.field() == "general.architecture" &&
                                  std::string(e.what()).find("\"llama\" is not supported") !=
                                      std::string::npos;
+                        });
+}
+
+BOOST_AUTO_TEST_CASE(what_llama_cpp_applies_and_the_runner_does_not_is_refused_by_name) {
+  gguf_run::model_spec spec = small_spec(architecture::granite_swa);
+  const auto refused = [](const std::string& field) {
+    return [field](const gguf::format_error& e) {
+      return e.field() == field &&
+             std::string(e.what()).find("is not supported by this runner") != std::string::npos;
+    };
+  };
+  for (const char* key : {"attention.rope_pattern", "rope.scaling.attn_factor"}) {
+    gguf::writer w = gguf_run::make_model(spec);
+    w.add_u32(std::string("granite_swa.") + key, 1);
+    BOOST_CHECK_EXCEPTION(gguf_run::model::from(gguf::file(w.bytes())), gguf::format_error,
+                          refused(std::string("granite_swa.") + key));
+  }
+  gguf::writer w = gguf_run::make_model(spec);
+  w.add_tensor("rope_freqs.weight", {4}, gguf::tensor_type::f32, std::vector<std::byte>(16));
+  BOOST_CHECK_EXCEPTION(gguf_run::model::from(gguf::file(w.bytes())), gguf::format_error,
+                        refused("tensor rope_freqs.weight"));
+
+  // Without attention.key_length the head dimension defaults to embd / heads (8 here, the value
+  // length 16): the key that is missing is named, not value_length.
+  spec.arch = architecture::gemma3;
+  spec.head_dim = 16;
+  auto b = gguf_run::make_model(spec).bytes();
+  b[find(b, "gemma3.attention.key_length") + 26] = std::byte('X');
+  BOOST_CHECK_EXCEPTION(gguf_run::model::from(gguf::file(b)), gguf::format_error,
+                        [](const gguf::format_error& e) {
+                          return e.field() == "gemma3.attention.key_length" &&
+                                 std::string(e.what()).find(
+                                     "is missing, and its default embedding_length / head_count "
+                                     "= 8 differs from value_length 16") != std::string::npos;
                         });
 }
 
