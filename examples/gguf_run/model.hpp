@@ -103,6 +103,47 @@ class runner {
   std::unique_ptr<impl> impl_;
 };
 
+/// Runs many sequences of one model at once (continuous batching): a call takes rows of any
+/// live sequences — a prompt chunk of one, a decode token of another — runs them together
+/// through every weight product (each weight matrix read once for all of them) and attends each
+/// sequence's rows as one entry of one ringkv::attend_batch a layer. Every row's arithmetic is
+/// its own (the products sum each row in one order whatever rows share the call), so each
+/// sequence's logits are bit-identical to a runner fed the same tokens alone. The K/V of all
+/// sequences live in one ringkv::kv_cache_pool (rings for sliding layers, dense layers in blocks).
+class batch_runner {
+ public:
+  /// Rows of one sequence in a call: its next tokens and where their logits go
+  /// ([tokens.size(), vocab]).
+  struct part {
+    std::size_t sequence = 0;
+    std::span<const std::int32_t> tokens;
+    std::span<float> logits;
+  };
+
+  /// A pool for up to `max_sequences` sequences of max_positions each. Throws
+  /// std::invalid_argument for a compressed cache (the pool's dense layers hold element rows).
+  batch_runner(const model& m, run_options options, std::size_t max_sequences);
+  ~batch_runner();
+  batch_runner(const batch_runner&) = delete;
+  batch_runner& operator=(const batch_runner&) = delete;
+
+  /// A new empty sequence's id; throws ringkv::pool_budget_exceeded past max_sequences.
+  std::size_t add();
+  /// Forgets a sequence, its K/V returned to the pool (std::out_of_range for an unknown id).
+  void remove(std::size_t sequence);
+  /// Runs every part's tokens at its sequence's next positions. Checks every part first
+  /// (unknown or repeated sequence, token ids, logits sizes, room): a refusal changes nothing.
+  void run(std::span<const part> parts);
+  /// Tokens a sequence has run.
+  std::size_t position(std::size_t sequence) const;
+  /// Seconds spent inside ringkv attention calls so far.
+  double attention_seconds() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
 /// Index of the largest logit (the first on ties).
 std::int32_t argmax(std::span<const float> logits);
 

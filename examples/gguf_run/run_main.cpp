@@ -13,23 +13,52 @@
 #include "../parse_count.hpp"
 #include "matmul.hpp"
 #include "model.hpp"
+#include "serve.hpp"
 
 namespace {
 void usage(std::FILE* to) {
   std::fprintf(
       to,
-      "usage: gguf_run --model FILE (--prompt ID,ID,... | --random-prompt N [--seed S])\n"
-      "                [--generate N] [--chunk N] [--threads N] [--cache TYPE]\n"
-      "                [--logits FILE] [--gelu-f16]\n"
+      "usage: gguf_run --model FILE (--prompt ID,ID,... | --random-prompt N [--seed S] |\n"
+      "                --prompts FILE) [--generate N] [--chunk N] [--threads N] [--cache TYPE]\n"
+      "                [--parallel N] [--logits FILE] [--decode-prompt] [--gelu-f16]\n"
       "  --prompt         token ids, comma-separated\n"
-      "  --random-prompt  N token ids drawn from the vocabulary (seeded by --seed)\n"
+      "  --random-prompt  N token ids drawn from the vocabulary (seeded by --seed; with\n"
+      "                   --parallel P, P prompts of N ids, seeds S, S+1, ...)\n"
+      "  --prompts FILE   one prompt a line (ids, comma-separated), served as --parallel\n"
+      "  --parallel N     serve the prompts N at a time in one batch (continuous batching:\n"
+      "                   each sequence's ids and logits as it would get alone)\n"
+      "  --decode-prompt  run the prompt through the decode path, one step a token\n"
       "  --generate N     tokens to generate greedily after the prompt (default 8)\n"
       "  --chunk N        prompt tokens a prefill call (default 64)\n"
       "  --threads N      threads for matrix products and attention (default 1)\n"
       "  --cache TYPE     K/V cache: f32 (default), f16, bf16, fp8 (E4M3), turboquant, int8\n"
-      "  --logits FILE    write the logits of every position, f32 little-endian\n"
+      "  --logits FILE    write the logits of every position, f32 little-endian (one sequence)\n"
       "                   [positions, vocab], prompt then generated tokens\n"
       "  --gelu-f16       gemma3: GELU through an f16 table, as llama.cpp's CPU backend\n");
+}
+
+/// Token ids separated by single commas into `out`; false (out partly filled) on anything else.
+bool parse_ids(const std::string& s, std::vector<std::int32_t>& out) {
+  for (std::size_t p = 0; p <= s.size();) {
+    const std::size_t q = std::min(s.find(',', p), s.size());
+    std::size_t id = 0;
+    if (!parse_count(s.substr(p, q - p).c_str(), id) || id >= (1u << 31)) return false;
+    out.push_back(static_cast<std::int32_t>(id));
+    p = q + 1;
+  }
+  return true;
+}
+
+/// N ids drawn from the vocabulary, from `seed`; O(n).
+std::vector<std::int32_t> random_ids(std::size_t n, std::size_t seed, std::size_t vocab) {
+  std::vector<std::int32_t> ids;
+  std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    ids.push_back(static_cast<std::int32_t>((s >> 33) % vocab));
+  }
+  return ids;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -40,7 +69,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int main(int argc, char** argv) {
   std::string model_path, logits_path;
   std::vector<std::int32_t> prompt;
-  std::size_t random_prompt = 0, seed = 1, generate = 8, chunk = 64, threads = 1;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::size_t random_prompt = 0, seed = 1, generate = 8, chunk = 64, threads = 1, parallel = 1;
+  bool decode_prompt = false;
   gguf_run::run_options opts;
   // A bad option names itself, its value and what it takes, then the usage.
   const auto bad = [](const std::string& option, const char* value, const std::string& takes) {
@@ -60,9 +91,13 @@ int main(int argc, char** argv) {
       opts.gelu_f16_table = true;
       continue;
     }
+    if (a == "--decode-prompt") {
+      decode_prompt = true;
+      continue;
+    }
     const bool known = a == "--model" || a == "--logits" || a == "--random-prompt" ||
                        a == "--seed" || a == "--generate" || a == "--chunk" || a == "--threads" ||
-                       a == "--cache" || a == "--prompt";
+                       a == "--cache" || a == "--prompt" || a == "--parallel" || a == "--prompts";
     if (!known) return bad(a, nullptr, "is not an option");
     const char* v = i + 1 < argc ? argv[++i] : nullptr;
     if (v == nullptr) return bad(a, nullptr, "needs a value");
@@ -84,21 +119,35 @@ int main(int argc, char** argv) {
       const auto t = gguf_run::parse_cache_type(v);
       if (!t) return bad(a, v, "takes f32, f16, bf16, fp8, turboquant or int8");
       opts.cache = *t;
-    } else {  // --prompt
-      const std::string s = v;
-      for (std::size_t p = 0; p <= s.size();) {
-        const std::size_t q = std::min(s.find(',', p), s.size());
-        std::size_t id = 0;
-        if (!parse_count(s.substr(p, q - p).c_str(), id) || id >= (1u << 31))
-          return bad(a, v, "takes token ids separated by single commas");
-        prompt.push_back(static_cast<std::int32_t>(id));
-        p = q + 1;
+    } else if (a == "--parallel") {
+      if (!parse_count(v, parallel, 1, 4096)) return bad(a, v, count + " in [1, 4096]");
+    } else if (a == "--prompts") {
+      std::ifstream in(v);
+      if (!in) return bad(a, v, "cannot be opened");
+      std::size_t line_number = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++line_number;
+        if (line.empty()) continue;
+        prompts.emplace_back();
+        if (!parse_ids(line, prompts.back()))
+          return bad(a, v,
+                     "line " + std::to_string(line_number) +
+                         ": takes token ids separated by single commas");
       }
+      if (prompts.empty()) return bad(a, v, "holds no prompt");
+    } else {  // --prompt
+      if (!parse_ids(v, prompt)) return bad(a, v, "takes token ids separated by single commas");
     }
   }
   if (model_path.empty()) return bad("--model", nullptr, "is required");
-  if (prompt.empty() == (random_prompt == 0))
-    return bad("--prompt / --random-prompt", nullptr, "exactly one of them is required");
+  if (int(!prompt.empty()) + int(random_prompt > 0) + int(!prompts.empty()) != 1)
+    return bad("--prompt / --random-prompt / --prompts", nullptr,
+               "exactly one of them is required");
+  const bool serving = parallel > 1 || !prompts.empty();
+  if (serving && !logits_path.empty())
+    return bad("--logits", logits_path.c_str(), "writes one sequence's logits, not --parallel's");
+  if (serving && decode_prompt)
+    return bad("--decode-prompt", nullptr, "is for one sequence, not --parallel");
   try {
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_run::model m = gguf_run::model::from(gguf::file::read(model_path));
@@ -106,15 +155,24 @@ int main(int argc, char** argv) {
     if (opts.gelu_f16_table && hp.arch != gguf_run::architecture::gemma3)
       throw std::invalid_argument(std::string("--gelu-f16 is for gemma3 models; this one is ") +
                                   gguf_run::name_of(hp.arch));
-    if (random_prompt > 0) {
-      std::uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 1;
-      for (std::size_t i = 0; i < random_prompt; ++i) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        prompt.push_back(static_cast<std::int32_t>((s >> 33) % hp.vocab));
-      }
-    }
+    if (random_prompt > 0) prompt = random_ids(random_prompt, seed, hp.vocab);
     opts.threads = threads;
     opts.max_positions = prompt.size() + generate;
+    if (serving) {
+      if (prompts.empty())
+        for (std::size_t i = 0; i < parallel; ++i)
+          prompts.push_back(random_prompt > 0 ? random_ids(random_prompt, seed + i, hp.vocab)
+                                              : prompt);
+      std::size_t longest = 0;
+      for (const auto& p : prompts) longest = std::max(longest, p.size());
+      opts.max_positions = longest + generate;
+      std::printf("gguf_run: %s, %zu prompts, %zu at once, %zu thread%s, chunks of %zu\n",
+                  gguf_run::name_of(hp.arch), prompts.size(), parallel, threads,
+                  threads == 1 ? "" : "s", chunk);
+      gguf_run::serve(m, opts, prompts,
+                      {.parallel = parallel, .chunk = chunk, .generate = generate});
+      return 0;
+    }
     std::size_t sliding = 0;
     for (bool b : hp.sliding) sliding += b;
     std::printf(
@@ -128,8 +186,14 @@ int main(int argc, char** argv) {
     gguf_run::runner r(m, opts);
     std::vector<float> logits((prompt.size() + generate) * hp.vocab);
     const auto prefill_start = std::chrono::steady_clock::now();
-    for (std::size_t p = 0; p < prompt.size(); p += chunk) {
-      const std::size_t n = std::min(chunk, prompt.size() - p);
+    // --decode-prompt: the prompt through the decode path, one step a token (teacher forcing).
+    const std::size_t step = decode_prompt ? 1 : chunk;
+    for (std::size_t p = 0; p < prompt.size(); p += step) {
+      const std::size_t n = std::min(step, prompt.size() - p);
+      if (decode_prompt) {
+        r.decode(prompt[p], std::span(logits).subspan(p * hp.vocab, hp.vocab));
+        continue;
+      }
       r.prefill(std::span(prompt).subspan(p, n),
                 std::span(logits).subspan(p * hp.vocab, n * hp.vocab));
     }

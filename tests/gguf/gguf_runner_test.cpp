@@ -406,6 +406,70 @@ BOOST_AUTO_TEST_CASE(every_way_of_feeding_a_prompt_gives_the_same_logits_bit_for
       }
 }
 
+BOOST_AUTO_TEST_CASE(every_sequence_of_a_batch_gives_the_logits_it_gets_alone_bit_for_bit) {
+  // Sequences join and leave at different steps; each step runs one part a live sequence: a
+  // prompt chunk (3-17 tokens) while its prompt lasts, then one given token a step.
+  struct plan {
+    std::size_t joins, prompt, steps;
+  };
+  const plan plans[] = {{0, 17, 12}, {1, 5, 9}, {2, 30, 4}, {4, 3, 8}, {6, 11, 3}};
+  for (architecture a : {architecture::granite_swa, architecture::gemma3})
+    for (gguf_run::cache_type c : {gguf_run::cache_type::f32, gguf_run::cache_type::f16})
+      for (std::size_t threads : {1, 2}) {
+        BOOST_TEST_CONTEXT(gguf_run::name_of(a)
+                           << ", " << gguf_run::name_of(c) << ", " << threads << " threads") {
+          const auto& tm = parity::models(a)[1];
+          const auto m = gguf_run::model::from(gguf::file::read(tm.path));
+          const std::size_t vocab = m.hp.vocab;
+          gguf_run::run_options o;
+          o.cache = c;
+          o.threads = threads;
+          o.max_positions = 64;
+          gguf_run::batch_runner batch(m, o, std::size(plans));
+          struct live {
+            std::size_t id = 0, fed = 0, total = 0;
+            std::vector<std::int32_t> tokens;
+            std::vector<float> logits;
+          };
+          std::vector<live> seqs(std::size(plans));
+          for (std::size_t i = 0; i < seqs.size(); ++i) {
+            seqs[i].total = plans[i].prompt + plans[i].steps;
+            seqs[i].tokens = parity::prompt(seqs[i].total, vocab, 10 + i);
+            seqs[i].logits.resize(seqs[i].total * vocab);
+          }
+          for (std::size_t step = 0; step < 20; ++step) {
+            std::vector<gguf_run::batch_runner::part> parts;
+            for (std::size_t i = 0; i < seqs.size(); ++i) {
+              live& q = seqs[i];
+              if (plans[i].joins == step) q.id = batch.add();
+              if (plans[i].joins > step || q.fed >= q.total) continue;
+              const std::size_t n =
+                  q.fed < plans[i].prompt ? std::min(plans[i].prompt - q.fed, 3 + step % 15) : 1;
+              parts.push_back({q.id, std::span(q.tokens).subspan(q.fed, n),
+                               std::span(q.logits).subspan(q.fed * vocab, n * vocab)});
+              q.fed += n;
+            }
+            std::reverse(parts.begin(), parts.end());  // any order
+            batch.run(parts);
+            for (live& q : seqs)
+              if (q.id != 0 && q.fed == q.total) {
+                batch.remove(q.id);
+                q.id = 0;
+                q.fed = q.total + 1;  // done
+              }
+          }
+          for (std::size_t i = 0; i < seqs.size(); ++i) {
+            BOOST_TEST_REQUIRE(seqs[i].fed == seqs[i].total + 1);
+            o.threads = 1;
+            const auto alone = parity::run(m, seqs[i].tokens, feed::token_by_token, o);
+            BOOST_TEST_INFO("sequence " << i);
+            BOOST_TEST(std::memcmp(alone.data(), seqs[i].logits.data(),
+                                   alone.size() * sizeof(float)) == 0);
+          }
+        }
+      }
+}
+
 BOOST_AUTO_TEST_CASE(
     the_runner_refuses_a_bad_token_or_a_prompt_past_its_room_before_any_layer_changes) {
   const auto& tm = parity::models(architecture::granite_swa)[1];

@@ -1,0 +1,76 @@
+#include "serve.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <span>
+
+namespace gguf_run {
+
+void serve(const model& m, const run_options& options,
+           const std::vector<std::vector<std::int32_t>>& prompts, const serve_options& s) {
+  struct sequence {
+    std::size_t id = 0, fed = 0;
+    std::vector<std::int32_t> tokens;  // the prompt, then what it generates
+    std::vector<float> logits;         // [chunk, vocab] of its last part
+    bool running = false, done = false;
+  };
+  const std::size_t vocab = m.hp.vocab;
+  std::vector<sequence> seqs(prompts.size());
+  for (std::size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens = prompts[i];
+  batch_runner batch(m, options, s.parallel);
+  std::size_t running = 0, finished = 0, steps = 0, prompt_tokens = 0, generated = 0;
+  std::vector<batch_runner::part> parts;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t step = 0; finished < seqs.size(); ++step) {
+    parts.clear();
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      sequence& q = seqs[i];
+      if (!q.running && !q.done && i <= step && running < s.parallel) {
+        q.id = batch.add();
+        q.running = true;
+        ++running;
+      }
+      if (!q.running) continue;
+      const std::size_t prompt = prompts[i].size();
+      std::size_t n = 1;
+      if (q.fed < prompt) {
+        n = std::min(s.chunk, prompt - q.fed);
+        prompt_tokens += n;
+      } else {  // its last logits pick the next token, which it runs
+        q.tokens.push_back(argmax(std::span(q.logits).last(vocab)));
+        ++generated;
+      }
+      q.logits.resize(n * vocab);
+      parts.push_back({q.id, std::span(q.tokens).subspan(q.fed, n), std::span(q.logits)});
+      q.fed += n;
+    }
+    batch.run(parts);
+    ++steps;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      sequence& q = seqs[i];
+      if (q.running && q.fed == prompts[i].size() + s.generate) {
+        batch.remove(q.id);
+        q.running = false;
+        q.done = true;
+        --running;
+        ++finished;
+      }
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    std::printf("sequence %zu generated:", i);
+    for (std::size_t t = prompts[i].size(); t < seqs[i].tokens.size(); ++t)
+      std::printf(" %d", seqs[i].tokens[t]);
+    std::printf("\n");
+  }
+  std::printf(
+      "parallel: %zu sequences, %zu at once, %zu steps: %zu prompt and %zu generated tokens in "
+      "%.3f s, %.1f tok/s (attention %.1f%%)\n",
+      seqs.size(), s.parallel, steps, prompt_tokens, generated, seconds,
+      double(prompt_tokens + generated) / seconds, 100.0 * batch.attention_seconds() / seconds);
+}
+
+}  // namespace gguf_run
