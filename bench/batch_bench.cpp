@@ -18,7 +18,8 @@
 // kv_cache_pool's dense group in blocks of 256 (`pool`: a block mapped every 256 steps, the lock,
 // the write hook); every 256 steps both truncate back to 4096, untimed. The
 // `_append` variants only append the step's rows (no attention): the bookkeeping is
-// (pool_append - stores_append) ÷ stores, the per-step cost the pool adds over plain stores. Only a release build's numbers mean anything. Re-measure:
+// (pool_append - stores_append) ÷ stores, the per-step cost the pool adds over plain stores.
+// Only a release build's numbers mean anything. Re-measure:
 //   build/release/bench/batch_bench --benchmark_enable_random_interleaving=true
 //   --benchmark_repetitions=5 [--benchmark_filter=^pool/]
 #include <benchmark/benchmark.h>

@@ -1,5 +1,6 @@
 // gguf_run: runs a granite_swa or gemma3 GGUF model on ringkv (see model.hpp): the prompt in
-// chunks, then greedy generation, each layer through one ringkv::layer_attention; prints the generated ids and prefill/decode tokens per second.
+// chunks, then greedy generation, each layer through one ringkv::layer_attention; prints the
+// generated ids and prefill/decode tokens per second. --parallel serves many (serve.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
