@@ -20,6 +20,8 @@ void serve(const model& m, const run_options& options,
   for (std::size_t i = 0; i < seqs.size(); ++i) seqs[i].tokens = prompts[i];
   batch_runner batch(m, options, s.parallel);
   std::size_t running = 0, finished = 0, steps = 0, prompt_tokens = 0, generated = 0;
+  std::size_t decode_tokens = 0;
+  double decode_seconds = 0.0;
   std::vector<batch_runner::part> parts;
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t step = 0; finished < seqs.size(); ++step) {
@@ -45,7 +47,18 @@ void serve(const model& m, const run_options& options,
       parts.push_back({q.id, std::span(q.tokens).subspan(q.fed, n), std::span(q.logits)});
       q.fed += n;
     }
+    // Steps where `parallel` sequences each decode one token: the aggregate decode speed.
+    const bool decoding = parts.size() == s.parallel &&
+                          std::all_of(parts.begin(), parts.end(), [](const batch_runner::part& p) {
+                            return p.tokens.size() == 1;
+                          });
+    const auto began = std::chrono::steady_clock::now();
     batch.run(parts);
+    if (decoding) {
+      decode_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      decode_tokens += parts.size();
+    }
     ++steps;
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       sequence& q = seqs[i];
@@ -71,6 +84,9 @@ void serve(const model& m, const run_options& options,
       "%.3f s, %.1f tok/s (attention %.1f%%)\n",
       seqs.size(), s.parallel, steps, prompt_tokens, generated, seconds,
       double(prompt_tokens + generated) / seconds, 100.0 * batch.attention_seconds() / seconds);
+  if (decode_tokens > 0)
+    std::printf("decode: %zu tokens in steps where %zu sequences decode, %.1f tok/s\n",
+                decode_tokens, s.parallel, double(decode_tokens) / decode_seconds);
 }
 
 }  // namespace gguf_run
