@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <exception>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -107,7 +108,10 @@ void block_arena::map(std::byte* where, unit u, std::size_t bytes) const {
 
 void block_arena::unmap(std::byte* where, std::size_t bytes) noexcept {
   // Back to reserved addresses (not munmap: another mapping must not land in the layer's range).
-  mmap(where, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  // Left mapped, the range would still see a block another sequence may take next: stop.
+  if (mmap(where, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+           0) == MAP_FAILED)
+    std::terminate();
 }
 
 }  // namespace ringkv::pool_detail

@@ -203,6 +203,7 @@ class pooled_dense_store final : private dense_ranges, public default_kv_cache_s
   }
   static std::vector<layer_memory> memory_of(const dense_ranges& r) {
     std::vector<layer_memory> m;
+    m.reserve(r.keys.size());
     for (std::size_t l = 0; l < r.keys.size(); ++l)
       m.push_back({r.keys[l].data(), r.values[l].data()});
     return m;
