@@ -5,9 +5,10 @@
 namespace gguf_run {
 
 /// y[t * y_stride + r] = Σ_c w[r * cols + c] · x[t * cols + c] for rows [row_begin, row_end)
-/// and tokens t < n. Tokens are taken four at a time so each weight row is read once per four,
-/// but each token's sum is computed in the same order whatever n is: a token's result does not
-/// depend on which tokens it was computed with. O((row_end - row_begin) · n · cols).
+/// and tokens t < n. Rows and tokens are tiled (two rows × up to four tokens) so a weight vector
+/// serves several tokens and a token vector several rows, but each product is summed in the
+/// same order whatever n is: a token's result does not depend on which tokens or rows it was
+/// computed with. O((row_end - row_begin) · n · cols).
 void matmul_rows(const float* w, std::size_t row_begin, std::size_t row_end, std::size_t cols,
                  const float* x, std::size_t n, float* y, std::size_t y_stride);
 
