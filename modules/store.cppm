@@ -131,12 +131,12 @@ class kv_cache_store {
   /// kernels and snapshots. Refuses positions not held (std::out_of_range); O(1), nothing
   /// copied. Default: std::nullopt (rows only through read_keys/read_values and the copying
   /// windows above).
+  virtual std::optional<windowed_kv> stored_window(kv_side side, std::size_t layer,
+                                                   std::size_t from, std::size_t to) const;
   /// Makes room now for `positions` more appends to `layer` (a pool's dense layer takes their
   /// blocks), so memory cannot refuse them later; changes no position or row. Throws what the
   /// appends would for memory (pool_budget_exceeded), all or nothing. Default: nothing; O(1).
   virtual void reserve(std::size_t layer, std::size_t positions);
-  virtual std::optional<windowed_kv> stored_window(kv_side side, std::size_t layer,
-                                                   std::size_t from, std::size_t to) const;
 
   /// W: keys a query attends to, counting itself and the sinks (capacity - slack for a ring,
   /// capacity otherwise); O(1).

@@ -143,6 +143,19 @@ struct forward {
     });
   }
 
+  /// x += a block's output o_buf ([n, embd]): gemma3 normalises it first (its post norm),
+  /// granite scales it by residual_scale when it has one.
+  void add_residual(std::size_t n, const std::vector<float>& post_norm) {
+    const hyper& hp = m.hp;
+    const std::size_t E = hp.embd;
+    if (hp.arch == architecture::gemma3) {
+      rms_norm(o_buf.data(), n, E, post_norm, hp.rms_eps, o_buf.data());
+    } else if (hp.residual_scale != 0.0f) {
+      for (float& e : o_buf) e *= hp.residual_scale;
+    }
+    for (std::size_t i = 0; i < n * E; ++i) x[i] = o_buf[i] + x[i];
+  }
+
   /// Refuses (before anything changes) a part with a bad logits size, token id or no room.
   void check(std::span<const part_ref> parts) const {
     const hyper& hp = m.hp;
@@ -218,12 +231,7 @@ struct forward {
       attention_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       matmul(w.wo, att, n, o_buf);
-      if (gemma) {
-        rms_norm(o_buf.data(), n, E, w.post_attn_norm, hp.rms_eps, o_buf.data());
-      } else if (hp.residual_scale != 0.0f) {
-        for (float& e : o_buf) e *= hp.residual_scale;
-      }
-      for (std::size_t i = 0; i < n * E; ++i) x[i] = o_buf[i] + x[i];
+      add_residual(n, w.post_attn_norm);
       rms_norm(x.data(), n, E, w.ffn_norm, hp.rms_eps, h.data());
       matmul(w.gate, h, n, gate);
       matmul(w.up, h, n, up);
@@ -232,12 +240,7 @@ struct forward {
             (gemma ? (o.gelu_f16_table ? gelu_f16_table(gate[i]) : gelu(gate[i])) : silu(gate[i])) *
             up[i];
       matmul(w.down, gate, n, o_buf);
-      if (gemma) {
-        rms_norm(o_buf.data(), n, E, w.post_ffn_norm, hp.rms_eps, o_buf.data());
-      } else if (hp.residual_scale != 0.0f) {
-        for (float& e : o_buf) e *= hp.residual_scale;
-      }
-      for (std::size_t i = 0; i < n * E; ++i) x[i] = o_buf[i] + x[i];
+      add_residual(n, w.post_ffn_norm);
     }
     rms_norm(x.data(), n, E, m.output_norm, hp.rms_eps, h.data());
     matmul(m.output, h, n, o_buf);
