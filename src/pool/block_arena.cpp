@@ -99,8 +99,8 @@ std::size_t block_arena::shared() const noexcept {
 }
 
 void block_arena::map(std::byte* where, unit u, std::size_t bytes) const {
-  // Populated: one call maps every page, where faulting them in one by one cost ~15 µs a page
-  // on a VM (batch_bench pool/*_append).
+  // Populated: one call maps every page instead of a fault a page on the first appends.
+  // Re-measure: build/release/bench/batch_bench --benchmark_filter='^pool/'
   void* p = mmap(where, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_,
                  off_t(std::size_t(u) * unit_bytes_));
   if (p == MAP_FAILED) fail("cannot map a block into a dense layer");
