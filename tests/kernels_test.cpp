@@ -97,6 +97,34 @@ BOOST_AUTO_TEST_CASE(a_nan_or_an_inf_is_found_at_every_index_of_every_length_on_
   });
 }
 
+// all_storable is a Highway kernel too: a magnitude at a format's limit (either sign) must be
+// found at any index of any length on every target, and the largest float below it must pass.
+BOOST_AUTO_TEST_CASE(a_value_past_a_formats_limit_is_found_at_every_index_of_every_length) {
+  using ringkv::dtype;
+  for_each_target([&](const char* target) {
+    for (const dtype type : {dtype::f16, dtype::bf16, dtype::fp8_e4m3}) {
+      const float limit = ringkv::traits_of(type).unstorable;
+      const float below = std::nextafter(limit, 0.0f);
+      for (std::size_t n = 1; n <= 40; ++n) {
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = i % 2 == 0 ? below : -below;
+        BOOST_TEST(ringkv::all_storable(v, type), target << " n " << n);
+        BOOST_TEST(ringkv::all_storable(v, dtype::f32), target << " n " << n);
+        for (std::size_t at = 0; at < n; ++at)
+          for (const float bad : {limit, -limit}) {
+            const float kept = std::exchange(v[at], bad);
+            BOOST_TEST(!ringkv::all_storable(v, type), target << " n " << n << " at " << at);
+            const std::string where = "v[" + std::to_string(at) + "]";
+            BOOST_CHECK_EXCEPTION(ringkv::require_storable("test", "v", v, type),
+                                  std::invalid_argument,
+                                  [&](const auto& e) { return mentions(e, where.c_str()); });
+            v[at] = kept;
+          }
+      }
+    }
+  });
+}
+
 BOOST_AUTO_TEST_CASE(dot_refuses_spans_of_different_sizes) {
   const auto a = filled(4, 1), b = filled(5, 2);
   BOOST_CHECK_EXCEPTION(kernels::dot(a, b), std::invalid_argument, [](const auto& e) {

@@ -88,6 +88,23 @@ bool AllFiniteImpl(const float* p, std::size_t n) {
   return hn::AllTrue(du, hn::Eq(bad, hn::Zero(du)));
 }
 
+/// Whether every |p[i]| of p[0, n) is below `limit` (a NaN counts as below): ORs the test
+/// over vectors, and the tail one float at a time.
+bool AllBelowImpl(const float* p, std::size_t n, float limit) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const auto bound = hn::Set(d, limit);
+  auto over = hn::Zero(du);
+  const auto test = [&](VF v) {
+    over = hn::Or(over, hn::BitCast(du, hn::VecFromMask(d, hn::Ge(hn::Abs(v), bound))));
+  };
+  const std::size_t lanes = hn::Lanes(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) test(hn::LoadU(d, p + i));
+  for (; i < n; ++i) test(hn::Set(d, p[i]));
+  return hn::AllTrue(du, hn::Eq(over, hn::Zero(du)));
+}
+
 void AttendImpl(const problem& p, std::size_t from, std::size_t to, const state& s) {
   WithLoader(p, [&](auto loader) { AttendT<decltype(loader)>(p, from, to, s); });
 }
@@ -114,6 +131,7 @@ namespace ringkv::simd {
 HWY_EXPORT(TargetImpl);
 HWY_EXPORT(DotImpl);
 HWY_EXPORT(AllFiniteImpl);
+HWY_EXPORT(AllBelowImpl);
 HWY_EXPORT(AttendImpl);
 HWY_EXPORT(MergeImpl);
 HWY_EXPORT(FinishImpl);
@@ -145,6 +163,9 @@ float dot(const float* a, const float* b, std::size_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
 }
 bool all_finite(const float* p, std::size_t n) { return HWY_DYNAMIC_DISPATCH(AllFiniteImpl)(p, n); }
+bool all_below(const float* p, std::size_t n, float limit) {
+  return HWY_DYNAMIC_DISPATCH(AllBelowImpl)(p, n, limit);
+}
 void attend(const problem& p, std::size_t from, std::size_t to, const state& s) {
   HWY_DYNAMIC_DISPATCH(AttendImpl)(p, from, to, s);
 }

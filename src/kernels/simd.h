@@ -431,6 +431,8 @@ std::int64_t compiled_targets();
 float dot(const float* a, const float* b, std::size_t n);
 /// Whether p[0, n) holds no NaN and no ±Inf; O(n), one vector test per Lanes floats.
 bool all_finite(const float* p, std::size_t n);
+/// Whether every |p[i]| of p[0, n) is below `limit` (NaN counts as below); O(n), vector tests.
+bool all_below(const float* p, std::size_t n, float limit);
 /// Continues `s` over the window positions in [from, to) (blocks cut at `from`/`to` if they are
 /// not block-aligned); O(positions · q_heads · head_dim).
 void attend(const problem& p, std::size_t from, std::size_t to, const state& s);
