@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "activation.hpp"
 #include "matmul.hpp"
 #include "model.hpp"
 
@@ -20,7 +21,7 @@ import ringkv;
 namespace gguf_run {
 namespace {
 
-// ggml's GELU constants (tanh approximation), so the exact path matches its formula.
+// ggml's GELU constants (tanh approximation), for the f16 table's entries.
 constexpr float gelu_coef_a = 0.044715f;
 constexpr float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
 
@@ -37,8 +38,6 @@ float gelu_f16_table(float x) {
   return gguf::half_to_float(gguf::float_to_half(gelu(in)));
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
 /// RMSNorm of each row of `n` rows of `dim` times `weight`, as ggml computes it: the sum of
 /// squares in double, the mean and the scale in float, then (x * scale) * weight.
 void rms_norm(const float* x, std::size_t n, std::size_t dim, const std::vector<float>& weight,
@@ -54,27 +53,33 @@ void rms_norm(const float* x, std::size_t n, std::size_t dim, const std::vector<
   }
 }
 
-/// RoPE of `heads` heads of each of n rows at positions pos0 …, as ggml's CPU backend: the
-/// angle of pair i is the position times base^(-2i/dim), formed by repeated multiplication in
-/// float. `neox`: pairs (i, i + dim/2) (gemma3); else adjacent pairs (2i, 2i+1) (granite).
-void rope(float* x, std::size_t n, std::size_t heads, std::size_t dim, std::size_t pos0, float base,
-          bool neox) {
+/// RoPE's cos/sin for n rows at positions pos0 …, as ggml's CPU backend forms them: the angle
+/// of pair i is the position times base^(-2i/dim) by repeated multiplication in float.
+/// cs[r * dim + 2i] = cos, [.. + 2i + 1] = sin.
+void rope_angles(std::size_t n, std::size_t dim, std::size_t pos0, float base, float* cs) {
   const float theta_scale = std::pow(base, -2.0f / float(dim));
-  std::vector<float> cs(dim);
   for (std::size_t r = 0; r < n; ++r) {
     float theta = float(pos0 + r);
     for (std::size_t i = 0; i < dim; i += 2) {
-      cs[i] = std::cos(theta);
-      cs[i + 1] = std::sin(theta);
+      cs[r * dim + i] = std::cos(theta);
+      cs[r * dim + i + 1] = std::sin(theta);
       theta *= theta_scale;
     }
+  }
+}
+
+/// RoPE of `heads` heads of each of n rows by the angles of rope_angles. `neox`: pairs
+/// (i, i + dim/2) (gemma3); else adjacent pairs (2i, 2i+1) (granite).
+void rope(float* x, std::size_t n, std::size_t heads, std::size_t dim, const float* cs, bool neox) {
+  for (std::size_t r = 0; r < n; ++r) {
+    const float* c = cs + r * dim;
     for (std::size_t h = 0; h < heads; ++h) {
       float* v = x + (r * heads + h) * dim;
       for (std::size_t i = 0; i < dim; i += 2) {
         const std::size_t a = neox ? i / 2 : i, b = neox ? i / 2 + dim / 2 : i + 1;
         const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cs[i] - x1 * cs[i + 1];
-        v[b] = x0 * cs[i + 1] + x1 * cs[i];
+        v[a] = x0 * c[i] - x1 * c[i + 1];
+        v[b] = x0 * c[i + 1] + x1 * c[i];
       }
     }
   }
@@ -117,7 +122,8 @@ struct forward {
   ringkv::default_thread_pool pool;
   double attention_seconds = 0.0;
   std::vector<float> x, h, q, k, v, att, o_buf, gate, up;  // [rows, width] activations
-  std::vector<ringkv::batch_entry> entries;                // [parts] one layer's attention
+  std::vector<float> angles[2];  // [rows, head_dim] RoPE cos/sin: the global base, gemma3's local
+  std::vector<ringkv::batch_entry> entries;  // [parts] one layer's attention
 
   forward(const model& model, run_options options)
       : m(model), o(options), pool(std::max<std::size_t>(1, options.threads)) {}
@@ -199,6 +205,16 @@ struct forward {
           for (std::size_t j = 0; j < E; ++j) x[row * E + j] *= s;
         ++row;
       }
+    // Each row's angles once a pass, not once a layer: the layers share one base (two on gemma3).
+    for (std::size_t b = 0; b < (gemma ? 2 : 1); ++b) {
+      angles[b].resize(n * D);
+      row = 0;
+      for (const part_ref& p : parts) {
+        rope_angles(p.tokens.size(), D, p.kv->position, b == 0 ? hp.rope_base : hp.rope_base_swa,
+                    &angles[b][row * D]);
+        row += p.tokens.size();
+      }
+    }
     for (std::size_t l = 0; l < hp.layers; ++l) {
       const layer_weights& w = m.layers[l];
       rms_norm(x.data(), n, E, w.attn_norm, hp.rms_eps, h.data());
@@ -210,14 +226,14 @@ struct forward {
         rms_norm(k.data(), n * hp.kv_heads, D, w.k_norm, hp.rms_eps, k.data());
       }
       // gemma3's sliding layers have their own base; granite's layers share one.
-      const float rope_base = gemma && hp.sliding[l] ? hp.rope_base_swa : hp.rope_base;
+      const float* cs = angles[gemma && hp.sliding[l] ? 1 : 0].data();
       att.resize(n * qw);
       entries.clear();
       row = 0;
       for (const part_ref& p : parts) {
         const std::size_t c = p.tokens.size();
-        rope(&q[row * qw], c, hp.heads, D, p.kv->position, rope_base, gemma);
-        rope(&k[row * kw], c, hp.kv_heads, D, p.kv->position, rope_base, gemma);
+        rope(&q[row * qw], c, hp.heads, D, cs + row * D, gemma);
+        rope(&k[row * kw], c, hp.kv_heads, D, cs + row * D, gemma);
         entries.push_back({&p.kv->layers[l], std::span(q).subspan(row * qw, c * qw),
                            std::span(k).subspan(row * kw, c * kw),
                            std::span(v).subspan(row * kw, c * kw),
@@ -235,10 +251,12 @@ struct forward {
       rms_norm(x.data(), n, E, w.ffn_norm, hp.rms_eps, h.data());
       matmul(w.gate, h, n, gate);
       matmul(w.up, h, n, up);
-      for (std::size_t i = 0; i < gate.size(); ++i)
-        gate[i] =
-            (gemma ? (o.gelu_f16_table ? gelu_f16_table(gate[i]) : gelu(gate[i])) : silu(gate[i])) *
-            up[i];
+      if (!gemma)
+        silu_times(gate.data(), up.data(), gate.size());
+      else if (!o.gelu_f16_table)
+        gelu_times(gate.data(), up.data(), gate.size());
+      else
+        for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = gelu_f16_table(gate[i]) * up[i];
       matmul(w.down, gate, n, o_buf);
       add_residual(n, w.post_ffn_norm);
     }

@@ -109,11 +109,11 @@ gguf::writer make_model(const model_spec& s) {
   };
   {
     std::vector<float> e(s.vocab * s.embd);
-    for (float& x : e) x = rng.uniform();
+    for (float& x : e) x = s.embedding_range * rng.uniform();
     w.add_tensor("token_embd.weight", {s.embd, s.vocab}, s.weights, encode(e, s.weights));
   }
   tensor1("output_norm.weight", norm(s.embd));
-  tensor2("output.weight", s.vocab, s.embd);
+  if (!s.tied) tensor2("output.weight", s.vocab, s.embd);
   const std::size_t qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
   for (std::size_t l = 0; l < s.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";

@@ -20,6 +20,10 @@ struct model_spec {
   std::size_t period = 2;
   std::uint64_t seed = 1;
   gguf::tensor_type weights = gguf::tensor_type::f32;
+  /// No output.weight: the logits come from token_embd, as llama.cpp reads such a file.
+  bool tied = false;
+  /// token_embd's entries are uniform in ±embedding_range (tied and large: large logits).
+  float embedding_range = 1.0f;
 };
 
 /// The GGUF file of a random model of `spec`: the same bytes for the same spec. Weights are

@@ -14,6 +14,8 @@ void serve(const model& m, const run_options& options,
     std::vector<std::int32_t> tokens;  // the prompt, then what it generates
     std::vector<float> logits;         // [chunk, vocab] of its last part
     bool running = false, done = false;
+    std::chrono::steady_clock::time_point joined;
+    double first_token_seconds = -1.0;  // from joining to its prompt's logits
   };
   const std::size_t vocab = m.hp.vocab;
   std::vector<sequence> seqs(prompts.size());
@@ -30,6 +32,7 @@ void serve(const model& m, const run_options& options,
       sequence& q = seqs[i];
       if (!q.running && !q.done && i <= step && running < s.parallel) {
         q.id = batch.add();
+        q.joined = std::chrono::steady_clock::now();
         q.running = true;
         ++running;
       }
@@ -60,8 +63,11 @@ void serve(const model& m, const run_options& options,
       decode_tokens += parts.size();
     }
     ++steps;
+    const auto ran = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       sequence& q = seqs[i];
+      if (q.running && q.first_token_seconds < 0.0 && q.fed == prompts[i].size())
+        q.first_token_seconds = std::chrono::duration<double>(ran - q.joined).count();
       if (q.running && q.fed == prompts[i].size() + s.generate) {
         batch.remove(q.id);
         q.running = false;
@@ -84,6 +90,13 @@ void serve(const model& m, const run_options& options,
       "%.3f s, %.1f tok/s (attention %.1f%%)\n",
       seqs.size(), s.parallel, steps, prompt_tokens, generated, seconds,
       double(prompt_tokens + generated) / seconds, 100.0 * batch.attention_seconds() / seconds);
+  // Time to first token of the longest prompt (the last such to join): what a long prompt
+  // arriving among decoding sequences waits.
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < seqs.size(); ++i)
+    if (prompts[i].size() >= prompts[longest].size()) longest = i;
+  std::printf("first token: sequence %zu (%zu prompt tokens) %.1f ms after it joined\n", longest,
+              prompts[longest].size(), 1e3 * seqs[longest].first_token_seconds);
   if (decode_tokens > 0)
     std::printf("decode: %zu tokens in steps where %zu sequences decode, %.1f tok/s\n",
                 decode_tokens, s.parallel, double(decode_tokens) / decode_seconds);

@@ -3,26 +3,32 @@
 // (llama.cpp's own 256-cell window cache wraps too: it is fed 32 tokens a batch), fed to the
 // runner in one chunk, in uneven chunks, token by token and prefilled then decoded.
 //
-// Tolerances, on the log-softmax (natural log) of the logits, per position:
+// Tolerances, on the log-softmax (natural log) of the logits, per position, divided by the size
+// of that position's logits, max(1, largest |logit|): every operation's rounding is relative to
+// the values it rounds, and those grow with the logits, so the same agreement gives a |Δ log p|
+// that grows with them too (|Δ log p_i| ≤ |Δ logit_i| + max |Δ logit| ≤ 2 ε max |logit|). Logits
+// of a few units keep the absolute bound (the size is at least 1). The set includes a
+// tied-embedding model whose logits reach 100-200 (parity_support): there granite's measured
+// 2.2e-7 of the logits' size is 2.3e-5 absolute, which an absolute 1e-5 would refuse.
 // - granite_swa, f32: 1e-5. Both sides compute in f32 with the same order of operations where
 //   it matters (RMSNorm's double sum, RoPE's angle recurrence, the order of the scales); what
 //   differs is the summation order of dot products (ggml's SIMD blocking and the runner's,
-//   ringkv's online softmax against ggml's two-pass one) and ggml's SIMD exp in SiLU: a few
-//   f32 ulps an operation, ~1e-7 relative through 2-4 layers on logits of a few units. Measured
-//   worst: 5e-7, so the bound has a 20x margin and still fails a window off by one by orders
-//   of magnitude.
+//   ringkv's online softmax against ggml's two-pass one) and the vector exp in SiLU (ggml's and
+//   Highway's): a few f32 ulps an operation, ~1e-7 relative through 2-4 layers. Measured worst:
+//   3.2e-7, so the bound has a 30x margin and still fails a window off by one by orders of
+//   magnitude.
 // - gemma3, f32: 1e-3, with the runner emulating llama.cpp's CPU GELU (input rounded to f16,
 //   the result read from an f16 table). The emulation makes most positions agree as granite's
 //   do (measured: ~5e-7 at the first positions), but a pre-GELU value one f32 ulp on the other
 //   side of an f16 rounding boundary than llama.cpp's lands on the neighbouring f16 entry: one
-//   activation moves by 2^-11 relative, and that propagates to ~1e-4 (measured worst 1.7e-4).
+//   activation moves by 2^-11 relative, and that propagates to ~1e-4 (measured worst 6.8e-5).
 //   So the suite also requires 80% of the positions of every prompt to agree within 1e-5, the
-//   granite bound, which rare flips leave alone (measured: 92%). With the exact GELU the
-//   runner computes a different function: measured worst 6.4e-4, bounded at 3e-3.
+//   granite bound, which rare flips leave alone (measured: 97%). With the exact GELU the
+//   runner computes a different function: measured worst 2.8e-4, bounded at 3e-3.
 // Four sequences served together (gguf_run::batch_runner, one attend_batch a layer) are compared
 // with llama.cpp serving the same four as one multi-sequence batch a step (a K/V stream a
 // sequence, and one unified buffer), prefill chunks and teacher-forced decode tokens mixed in a
-// step, under the same bounds (measured: granite 4.4e-7; gemma3 1.3e-4, at least 86 % of a model's
+// step, under the same bounds (measured: granite 3.2e-7; gemma3 5.0e-5, at least 94 % of a model's
 // positions within 1e-5, the share taken over a model's sequences as a flip moves the rest of one).
 #define BOOST_TEST_MODULE llama_parity
 #include <boost/test/unit_test.hpp>
@@ -81,10 +87,10 @@ double worst_distance(architecture a, feed f, gguf_run::run_options o, const cha
           parity::distance(ours, theirs, V, std::min(w, n), std::min<std::size_t>(256, n));
       const double d2 = parity::distance(ours, theirs, V, std::min<std::size_t>(256, n), n);
       std::printf(
-          "  %-11s %-28s %3zu tokens, %-19s %-10s max |Δ log p|: [0,%zu) %.2e  "
-          "[%zu,256) %.2e  [256,end) %.2e\n",
-          gguf_run::name_of(a), tm.name.c_str(), n, parity::name_of(f), label, w, d0, w, d1,
-          n > 256 ? d2 : 0.0);
+          "  %-11s %-28s %3zu tokens, %-19s %-10s |logit| <= %4.1f, max |Δ log p| / size: "
+          "[0,%zu) %.2e  [%zu,256) %.2e  [256,end) %.2e\n",
+          gguf_run::name_of(a), tm.name.c_str(), n, parity::name_of(f), label,
+          parity::largest_logit(ours, V, 0, n), w, d0, w, d1, n > 256 ? d2 : 0.0);
       for (double d : {d0, d1, d2})
         worst = std::isnan(d) || std::isnan(worst) ? NAN : std::max(worst, d);
       std::size_t close = 0;

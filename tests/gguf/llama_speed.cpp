@@ -1,10 +1,11 @@
 // Times llama.cpp on a GGUF model the way gguf_run times the runner (for the comparison in the
 // runner's measurements; not a test): a random prompt of N tokens in batches of 512, then G
-// greedy-free decode steps; f32 K/V cache, flash attention off, T threads. With SEQUENCES S > 1
+// greedy-free decode steps; f32 K/V cache (its sliding-window layers' cache window-sized, as the
+// runner's rings), flash attention off unless FLASH is 1, T threads. With SEQUENCES S > 1
 // (gguf_run --parallel S): S sequences, each prompt prefilled in turn, then G steps that decode
 // one token of every sequence in one multi-sequence batch: the aggregate decode tokens per
 // second, with a K/V stream a sequence or (UNIFIED 1) one buffer for all.
-//   llama_speed MODEL PROMPT_TOKENS GENERATE THREADS [SEQUENCES [UNIFIED]]
+//   llama_speed MODEL PROMPT_TOKENS GENERATE THREADS [SEQUENCES [UNIFIED [FLASH]]]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,14 +17,16 @@
 #include "llama.h"
 
 int main(int argc, char** argv) {
-  if (argc < 5 || argc > 7) {
-    std::fprintf(stderr,
-                 "usage: llama_speed MODEL PROMPT_TOKENS GENERATE THREADS [SEQUENCES [UNIFIED]]\n");
+  if (argc < 5 || argc > 8) {
+    std::fprintf(
+        stderr,
+        "usage: llama_speed MODEL PROMPT_TOKENS GENERATE THREADS [SEQUENCES [UNIFIED [FLASH]]]\n");
     return 2;
   }
   const int n = std::atoi(argv[2]), gen = std::atoi(argv[3]), threads = std::atoi(argv[4]);
   const int seqs = argc > 5 ? std::max(1, std::atoi(argv[5])) : 1;
   const bool unified = argc > 6 && std::atoi(argv[6]) != 0;
+  const bool flash = argc > 7 && std::atoi(argv[7]) != 0;
   llama_log_set([](ggml_log_level, const char*, void*) {}, nullptr);
   ggml_backend_load_all_from_path(RINGKV_LLAMA_BINS);
   llama_backend_init();
@@ -36,7 +39,8 @@ int main(int argc, char** argv) {
   cp.kv_unified = unified;
   cp.n_threads = cp.n_threads_batch = threads;
   cp.type_k = cp.type_v = GGML_TYPE_F32;
-  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.swa_full = false;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) return 1;
   const int vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
@@ -73,8 +77,10 @@ int main(int argc, char** argv) {
   }
   const double decode =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - dstart).count();
-  std::printf("llama.cpp: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s, %d threads",
-              seqs * n, seqs * n / prefill, seqs * gen, seqs * gen / decode, threads);
+  std::printf(
+      "llama.cpp: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s, %d threads, flash "
+      "attention %s",
+      seqs * n, seqs * n / prefill, seqs * gen, seqs * gen / decode, threads, flash ? "on" : "off");
   if (seqs > 1) std::printf(", %d sequences (%s)", seqs, unified ? "unified" : "streams");
   std::printf("\n");
   llama_batch_free(batch);

@@ -55,6 +55,11 @@ inline std::vector<test_model>& models(architecture a) {
       {"3 layers, MHA 4, window 13", spec(3, 4, 4, 16, 13, {true, true, false}, 3, 12), ""});
   list.push_back(
       {"4 layers, GQA 8:2, window 32", spec(4, 8, 2, 8, 32, {true, false, true, true}, 2, 13), ""});
+  // The output is token_embd with entries in ±5: logits of 100-200, a tied-embedding model's size.
+  gguf_run::model_spec tied = spec(3, 4, 2, 16, 8, {true, true, false}, 3, 14);
+  tied.tied = true;
+  tied.embedding_range = 5.0f;
+  list.push_back({"3 layers, tied, large logits", tied, ""});
   const auto dir =
       std::filesystem::temp_directory_path() / ("ringkv_gguf_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -130,20 +135,33 @@ inline void log_softmax(std::span<const float> l, std::vector<double>& out) {
   for (std::size_t i = 0; i < l.size(); ++i) out[i] = double(l[i]) - lse;
 }
 
-/// Largest |log_softmax(a) - log_softmax(b)| over the positions [from, to) (NaN if any is).
+/// Largest |log_softmax(a) - log_softmax(b)| over the positions [from, to), each position's
+/// divided by max(1, its largest |a|): rounding errors grow with the logits' size (NaN if any is).
 inline double distance(std::span<const float> a, std::span<const float> b, std::size_t vocab,
                        std::size_t from, std::size_t to) {
   double worst = 0.0;
   std::vector<double> la, lb;
   for (std::size_t p = from; p < to; ++p) {
-    log_softmax(a.subspan(p * vocab, vocab), la);
+    const std::span<const float> row = a.subspan(p * vocab, vocab);
+    log_softmax(row, la);
     log_softmax(b.subspan(p * vocab, vocab), lb);
+    double size = 1.0;
+    for (const float x : row) size = std::max(size, double(std::abs(x)));
     for (std::size_t i = 0; i < vocab; ++i) {
-      const double d = std::abs(la[i] - lb[i]);
+      const double d = std::abs(la[i] - lb[i]) / size;
       if (!(d <= worst)) worst = d;  // NaN sticks
     }
   }
   return worst;
+}
+
+/// Largest |logit| of `a` over the positions [from, to).
+inline double largest_logit(std::span<const float> a, std::size_t vocab, std::size_t from,
+                            std::size_t to) {
+  double largest = 0.0;
+  for (const float x : a.subspan(from * vocab, (to - from) * vocab))
+    largest = std::max(largest, double(std::abs(x)));
+  return largest;
 }
 
 }  // namespace parity
