@@ -5,7 +5,7 @@
 namespace gguf_run {
 
 /// y[t * y_stride + r] = Σ_c w[r * cols + c] · x[t * cols + c] for rows [row_begin, row_end)
-/// and tokens t < n. Rows and tokens are tiled (two rows × up to four tokens) so a weight vector
+/// and tokens t < n. Rows and tokens are tiled (four rows × up to four tokens) so a weight vector
 /// serves several tokens and a token vector several rows, but each product is summed in the
 /// same order whatever n is: a token's result does not depend on which tokens or rows it was
 /// computed with. O((row_end - row_begin) · n · cols).
