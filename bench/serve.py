@@ -19,6 +19,17 @@ SHAPE = ["--layers", "8", "--embd", "512", "--heads", "8", "--kv-heads", "2", "-
          "--ff", "1536", "--window", "512", "--vocab", "8192"]
 
 
+def make_models(bin_dir):
+    """Writes the two models under build/bench-serve/; returns their paths by name."""
+    os.makedirs("build/bench-serve", exist_ok=True)
+    paths = {}
+    for name, args in MODELS.items():
+        paths[name] = f"build/bench-serve/{name}.gguf"
+        subprocess.run([f"{bin_dir}/examples/gguf_run/gguf_make", *args, *SHAPE, "--out",
+                        paths[name]], check=True, capture_output=True)
+    return paths
+
+
 def ringkv(bin_dir, model, n, threads, prompt, generate):
     out = subprocess.run([f"{bin_dir}/examples/gguf_run/gguf_run", "--model", model,
                           "--random-prompt", str(prompt), "--generate", str(generate),
@@ -48,12 +59,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--generate", type=int, default=64)
     a = ap.parse_args()
-    os.makedirs("build/bench-serve", exist_ok=True)
-    paths = {}
-    for name, args in MODELS.items():
-        paths[name] = f"build/bench-serve/{name}.gguf"
-        subprocess.run([f"{a.bin}/examples/gguf_run/gguf_make", *args, *SHAPE, "--out",
-                        paths[name]], check=True, capture_output=True)
+    paths = make_models(a.bin)
     ns = [int(x) for x in a.sequences.split(",")]
     ts = [int(x) for x in a.threads.split(",")]
     cells = list(itertools.product(MODELS, ts, ns))
