@@ -18,9 +18,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// ggml's GELU constants (tanh approximation).
-constexpr float gelu_coef_a = 0.044715f;
-constexpr float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
 // Highway's Exp holds to 88.72 (e^88.72 is near FLT_MAX); past it silu(x) = x / e^-x is 0.
 constexpr float exp_limit = 88.0f;
 

@@ -21,10 +21,6 @@ import ringkv;
 namespace gguf_run {
 namespace {
 
-// ggml's GELU constants (tanh approximation), for the f16 table's entries.
-constexpr float gelu_coef_a = 0.044715f;
-constexpr float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
-
 float gelu(float x) {
   return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + gelu_coef_a * x * x)));
 }

@@ -70,39 +70,36 @@ std::int64_t TargetImpl() { return HWY_TARGET; }
 
 float DotImpl(const float* a, const float* b, std::size_t n) { return Dot(DF(), a, b, n); }
 
-/// Whether no float of p[0, n) has all exponent bits set (NaN, ±Inf): ORs that test over
-/// vectors, and the tail (fewer floats than a vector) one float at a time.
-bool AllFiniteImpl(const float* p, std::size_t n) {
+/// Whether `match` (a vector -> its lanes' bits, all ones where a lane matches) holds for no
+/// float of p[0, n): ORs it over vectors, and the tail one float at a time.
+template <class Match>
+bool NoLaneMatches(const float* p, std::size_t n, Match match) {
   const DF d;
   const hn::RebindToUnsigned<DF> du;
-  const auto exponent = hn::Set(du, 0x7f800000u);
-  auto bad = hn::Zero(du);
-  const auto test = [&](VF v) {
-    const auto e = hn::And(hn::BitCast(du, v), exponent);
-    bad = hn::Or(bad, hn::VecFromMask(du, hn::Eq(e, exponent)));
-  };
+  auto any = hn::Zero(du);
   const std::size_t lanes = hn::Lanes(d);
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) test(hn::LoadU(d, p + i));
-  for (; i < n; ++i) test(hn::Set(d, p[i]));
-  return hn::AllTrue(du, hn::Eq(bad, hn::Zero(du)));
+  for (; i + lanes <= n; i += lanes) any = hn::Or(any, match(hn::LoadU(d, p + i)));
+  for (; i < n; ++i) any = hn::Or(any, match(hn::Set(d, p[i])));
+  return hn::AllTrue(du, hn::Eq(any, hn::Zero(du)));
 }
 
-/// Whether every |p[i]| of p[0, n) is below `limit` (a NaN counts as below): ORs the test
-/// over vectors, and the tail one float at a time.
+/// Whether no float of p[0, n) has all exponent bits set (NaN, ±Inf).
+bool AllFiniteImpl(const float* p, std::size_t n) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto exponent = hn::Set(du, 0x7f800000u);
+  return NoLaneMatches(p, n, [&](VF v) {
+    return hn::VecFromMask(du, hn::Eq(hn::And(hn::BitCast(du, v), exponent), exponent));
+  });
+}
+
+/// Whether every |p[i]| of p[0, n) is below `limit` (a NaN counts as below).
 bool AllBelowImpl(const float* p, std::size_t n, float limit) {
   const DF d;
   const hn::RebindToUnsigned<DF> du;
   const auto bound = hn::Set(d, limit);
-  auto over = hn::Zero(du);
-  const auto test = [&](VF v) {
-    over = hn::Or(over, hn::BitCast(du, hn::VecFromMask(d, hn::Ge(hn::Abs(v), bound))));
-  };
-  const std::size_t lanes = hn::Lanes(d);
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) test(hn::LoadU(d, p + i));
-  for (; i < n; ++i) test(hn::Set(d, p[i]));
-  return hn::AllTrue(du, hn::Eq(over, hn::Zero(du)));
+  return NoLaneMatches(
+      p, n, [&](VF v) { return hn::BitCast(du, hn::VecFromMask(d, hn::Ge(hn::Abs(v), bound))); });
 }
 
 void AttendImpl(const problem& p, std::size_t from, std::size_t to, const state& s) {
